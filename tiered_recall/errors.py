@@ -1,0 +1,30 @@
+"""The exception hierarchy: one class per failure kind, all under TieredRecallError."""
+from __future__ import annotations
+
+
+class TieredRecallError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class InvalidInput(TieredRecallError, ValueError):
+    """A caller passed something unusable; the message names the fix. Nothing was written."""
+
+
+class SidecarUnavailable(TieredRecallError):
+    """The hot-tier sidecar is not running, died, or did not answer within the timeout."""
+
+
+class IncompatibleLayout(TieredRecallError):
+    """The shared-memory segment was made by a different layout version or for another dim/dtype."""
+
+
+class HotTierFull(TieredRecallError):
+    """The hot tier cannot take the rows (e.g. a batch larger than its whole capacity)."""
+
+
+class SidecarError(TieredRecallError):
+    """The sidecar refused a request and said why (the message is the sidecar's own)."""
+
+
+class StorageError(TieredRecallError):
+    """The cold tier (LanceDB / FAISS on disk) failed: disk full, corrupt table, permissions."""

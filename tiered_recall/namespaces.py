@@ -1,0 +1,25 @@
+"""Namespace names to the 64-bit hashes the hot tier filters on (one definition for every process)."""
+from __future__ import annotations
+
+import hashlib
+
+from .errors import InvalidInput
+
+MAX_NAMESPACE_BYTES = 256
+
+
+def validate_namespace(namespace: str) -> str:
+    if not isinstance(namespace, str):
+        raise InvalidInput(f"namespace must be a str, got {type(namespace).__name__}")
+    if not namespace:
+        raise InvalidInput("namespace must be a non-empty string, e.g. namespace='default'")
+    if len(namespace.encode("utf-8", "surrogatepass")) > MAX_NAMESPACE_BYTES:
+        raise InvalidInput(f"namespace is longer than {MAX_NAMESPACE_BYTES} bytes; use a shorter name")
+    return namespace
+
+
+def namespace_hash(namespace: str) -> int:
+    """Stable unsigned 64-bit hash of a namespace name; never 0 (0 means 'no filter' nowhere, but keep it free)."""
+    digest = hashlib.blake2b(validate_namespace(namespace).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    value = int.from_bytes(digest, "little")
+    return value or 1
