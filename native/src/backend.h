@@ -1,0 +1,54 @@
+/* The interface every hot-vector backend (CPU, CUDA) implements: rows of vectors, one exact search. */
+#ifndef TR_BACKEND_H
+#define TR_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tr_backend_config {
+    uint32_t dim;
+    uint32_t dtype;      /* tr_dtype */
+    uint64_t capacity;   /* rows */
+    uint32_t max_k;
+    uint32_t threads;    /* CPU worker threads (0 = one per online core) */
+    int device;          /* CUDA device ordinal */
+    void *segment;       /* the mapped segment (a CUDA backend may register it) */
+    uint64_t segment_bytes;
+} tr_backend_config;
+
+/* A backend owns the vector rows [0, rows) plus each row's id and namespace hash, so that it
+ * can filter and break ties without asking the store. The store (store.c) decides which row
+ * holds which id; backends only write, move and scan rows. Vectors arrive as unit-normalised
+ * float32; the backend converts to its dtype. Every call returns 0 or a negative tr_status,
+ * with a message in err (errlen bytes) on failure. */
+typedef struct tr_backend_ops {
+    const char *name;
+    uint32_t kind; /* tr_backend_kind */
+    void *(*create)(const tr_backend_config *cfg, char *err, size_t errlen);
+    void (*destroy)(void *self);
+    int (*write_rows)(void *self, const uint64_t *rows, uint32_t n, const float *vectors,
+                      const int64_t *ids, const uint64_t *ns, char *err, size_t errlen);
+    /* Copy row src over row dst (used to keep rows dense after a delete). */
+    int (*move_row)(void *self, uint64_t dst, uint64_t src, char *err, size_t errlen);
+    /* Rows [0, rows) are live from now on. */
+    int (*set_row_count)(void *self, uint64_t rows, char *err, size_t errlen);
+    /* Top-k by inner product for each of nq queries (nq x dim float32, unit-normalised).
+     * ids_out/scores_out: nq x k; best first, ties by smaller id; *hits = min(k, matching rows). */
+    int (*search)(void *self, const float *queries, uint32_t nq, uint32_t k, int filter_ns,
+                  uint64_t ns_hash, int64_t *ids_out, float *scores_out, uint32_t *hits,
+                  char *err, size_t errlen);
+} tr_backend_ops;
+
+extern const tr_backend_ops tr_cpu_backend;
+#ifdef TR_WITH_CUDA
+extern const tr_backend_ops tr_cuda_backend;
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

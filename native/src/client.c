@@ -1,0 +1,180 @@
+/* libtrclient: the client half of the slot protocol (claim, publish, wait), called from Python via ctypes.
+ *
+ * Python cannot do atomics or futexes on shared memory, so one call here does a whole request:
+ * claim a free slot with a CAS, copy the input in, publish with release ordering, ring the
+ * doorbell, spin briefly, sleep on the slot's futex, copy the output out, free the slot.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "platform.h"
+#include "tiered_recall/layout.h"
+
+/* tr_client_call return codes (the sidecar's own status is in result->status). */
+enum {
+    TR_CALL_OK = 0,
+    TR_CALL_TIMEOUT = 1,    /* the sidecar did not answer in time */
+    TR_CALL_DEAD = 2,       /* the sidecar process is gone */
+    TR_CALL_NO_SLOT = 3,    /* every slot stayed busy until the timeout */
+    TR_CALL_TOO_LARGE = 4,  /* input or output does not fit a slot's payload */
+    TR_CALL_NOT_READY = 5,  /* the segment is not (or no longer) served */
+};
+
+typedef struct tr_call_result {
+    int32_t status;
+    uint32_t reply_count;
+    uint64_t service_ns;
+    uint32_t slot;
+    uint32_t reserved;
+    char message[TR_MESSAGE_BYTES];
+} tr_call_result;
+
+#define LIVENESS_CHECK_NS (20ull * 1000 * 1000)
+
+static int server_alive(const tr_header *h) {
+    uint32_t state = tr_load_acquire(&h->state);
+    if (state != TR_SERVER_READY) return 0;
+    return tr_pid_alive(h->owner_pid);
+}
+
+uint32_t tr_client_abi_version(void) { return TR_LAYOUT_VERSION; }
+
+int tr_client_register(void *base, int32_t pid) {
+    tr_header *h = base;
+    tr_client_entry *clients = tr_clients(base, h);
+    for (uint32_t i = 0; i < TR_MAX_CLIENTS; i++) {
+        int32_t expected = 0;
+        if (__atomic_compare_exchange_n(&clients[i].pid, &expected, pid, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return (int)i;
+    }
+    return -1;
+}
+
+void tr_client_unregister(void *base, int32_t pid) {
+    tr_header *h = base;
+    tr_client_entry *clients = tr_clients(base, h);
+    for (uint32_t i = 0; i < TR_MAX_CLIENTS; i++) {
+        int32_t expected = pid;
+        __atomic_compare_exchange_n(&clients[i].pid, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+}
+
+static void release_slot(tr_slot *slot) {
+    slot->owner_pid = 0;
+    tr_store_release(&slot->state, (uint32_t)TR_SLOT_FREE);
+}
+
+/* Gives up on a published request without racing the server. */
+static void abandon(tr_slot *slot) {
+    for (;;) {
+        uint32_t st = tr_load_acquire(&slot->state);
+        if (st == TR_SLOT_REQUEST) {
+            if (tr_cas(&slot->state, &st, (uint32_t)TR_SLOT_FREE)) return;
+        } else if (st == TR_SLOT_BUSY) {
+            if (tr_cas(&slot->state, &st, (uint32_t)TR_SLOT_ABANDONED)) return;
+        } else {
+            release_slot(slot);
+            return;
+        }
+    }
+}
+
+int tr_client_call(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uint32_t k, uint32_t count,
+                   uint64_t ns_hash, const void *in, uint64_t in_bytes, void *out, uint64_t out_offset,
+                   uint64_t out_bytes, int64_t timeout_ns, int64_t spin_ns, tr_call_result *result) {
+    tr_header *h = base;
+    memset(result, 0, offsetof(tr_call_result, message));
+    result->message[0] = '\0';
+    if (in_bytes > h->slot_payload_bytes || out_offset + out_bytes > h->slot_payload_bytes)
+        return TR_CALL_TOO_LARGE;
+    if (!server_alive(h)) return TR_CALL_NOT_READY;
+    const uint64_t start = tr_now_ns();
+    const uint64_t deadline = start + (uint64_t)(timeout_ns > 0 ? timeout_ns : 0);
+
+    /* Claim: start at a pid-dependent slot so concurrent clients rarely collide. */
+    const uint32_t n = h->slot_count;
+    uint32_t index = (uint32_t)pid % n;
+    tr_slot *slot = NULL;
+    uint64_t next_check = start + LIVENESS_CHECK_NS;
+    for (uint32_t tries = 0;; tries++) {
+        tr_slot *s = tr_slot_at(base, h, index);
+        uint32_t free_state = TR_SLOT_FREE;
+        if (tr_load_relaxed(&s->state) == TR_SLOT_FREE && tr_cas(&s->state, &free_state, (uint32_t)TR_SLOT_CLAIMED)) {
+            slot = s;
+            break;
+        }
+        index = (index + 1) % n;
+        if (tries % n == n - 1) {
+            uint64_t now = tr_now_ns();
+            if (now >= deadline) return TR_CALL_NO_SLOT;
+            if (now >= next_check) {
+                if (!server_alive(h)) return TR_CALL_DEAD;
+                next_check = now + LIVENESS_CHECK_NS;
+            }
+            usleep(20);
+        }
+    }
+    result->slot = index;
+    slot->owner_pid = pid;
+    slot->claimed_ns = start;
+    slot->opcode = opcode;
+    slot->flags = flags;
+    slot->k = k;
+    slot->count = count;
+    slot->ns_hash = ns_hash;
+    slot->status = 0;
+    slot->reply_count = 0;
+    slot->client_waiting = 0;
+    uint32_t seq = slot->seq + 1;
+    slot->seq = seq;
+    if (in_bytes) memcpy(tr_slot_payload(slot), in, in_bytes);
+    tr_store_release(&slot->state, (uint32_t)TR_SLOT_REQUEST);
+    __atomic_fetch_add(&h->doorbell, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&h->server_sleeping, __ATOMIC_SEQ_CST)) tr_futex_wake(&h->doorbell, 1);
+
+    /* Wait: spin for spin_ns, then sleep on the slot's state word in short naps so a dead
+     * sidecar is noticed well within the timeout. */
+    const uint64_t spin_until = start + (uint64_t)(spin_ns > 0 ? spin_ns : 0);
+    for (;;) {
+        uint32_t st = tr_load_acquire(&slot->state);
+        if (st == TR_SLOT_DONE) break;
+        uint64_t now = tr_now_ns(); /* vDSO: tens of ns */
+        if (now < spin_until) {
+            tr_cpu_relax();
+            continue;
+        }
+        if (now >= deadline) {
+            abandon(slot);
+            return server_alive(h) ? TR_CALL_TIMEOUT : TR_CALL_DEAD;
+        }
+        if (now >= next_check) {
+            if (!server_alive(h)) {
+                abandon(slot);
+                return TR_CALL_DEAD;
+            }
+            next_check = now + LIVENESS_CHECK_NS;
+        }
+        __atomic_store_n(&slot->client_waiting, 1, __ATOMIC_SEQ_CST);
+        st = __atomic_load_n(&slot->state, __ATOMIC_SEQ_CST);
+        if (st != TR_SLOT_DONE) {
+            uint64_t nap = deadline - now;
+            if (nap > LIVENESS_CHECK_NS) nap = LIVENESS_CHECK_NS;
+            tr_futex_wait(&slot->state, st, nap);
+        }
+        __atomic_store_n(&slot->client_waiting, 0, __ATOMIC_RELAXED);
+    }
+    result->status = slot->status;
+    result->reply_count = slot->reply_count;
+    result->service_ns = slot->service_ns;
+    if (slot->status != TR_OK) {
+        memcpy(result->message, slot->message, TR_MESSAGE_BYTES);
+        result->message[TR_MESSAGE_BYTES - 1] = '\0';
+    } else if (out_bytes) {
+        memcpy(out, tr_slot_payload(slot) + out_offset, out_bytes);
+    }
+    release_slot(slot);
+    return TR_CALL_OK;
+}

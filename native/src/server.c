@@ -1,0 +1,294 @@
+/* The sidecar's request loop: finds published requests in the slot ring, checks and answers them.
+ *
+ * Nothing a client wrote is trusted: opcode, flags, k, count and every vector are checked
+ * against the header's limits before use, and a bad request gets an error in its own slot.
+ */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "platform.h"
+
+#define SWEEP_INTERVAL_NS (100ull * 1000 * 1000)
+
+int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, void *backend,
+                   const tr_server_options *opt, char *err, size_t errlen) {
+    memset(s, 0, sizeof *s);
+    s->seg = seg;
+    s->h = seg->header;
+    s->ops = ops;
+    s->backend = backend;
+    s->opt = *opt;
+    tr_header *h = s->h;
+    uint32_t max_vectors = h->max_upsert_rows > h->max_search_queries ? h->max_upsert_rows
+                                                                      : h->max_search_queries;
+    s->query_scratch = malloc((size_t)max_vectors * h->dim * sizeof(float));
+    s->id_scratch = malloc((size_t)h->max_search_queries * h->max_k * sizeof(int64_t));
+    s->score_scratch = malloc((size_t)h->max_search_queries * h->max_k * sizeof(float));
+    s->suspect_seq = calloc(h->slot_count, sizeof(uint32_t));
+    if (!s->query_scratch || !s->id_scratch || !s->score_scratch || !s->suspect_seq) {
+        snprintf(err, errlen, "out of memory for request scratch space");
+        return -1;
+    }
+    s->last_client_seen_ns = tr_now_ns();
+    return tr_store_init(&s->store, h->dim, h->capacity, h->max_upsert_rows, tr_ns_table(seg->base, h),
+                         h->ns_entries, &h->namespaces, ops, backend, err, errlen);
+}
+
+void tr_server_free(tr_server *s) {
+    tr_store_free(&s->store);
+    free(s->query_scratch);
+    free(s->id_scratch);
+    free(s->score_scratch);
+    free(s->suspect_seq);
+}
+
+static int reply_error(tr_slot *slot, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(slot->message, TR_MESSAGE_BYTES, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* Copies count vectors out of the slot, checks they are finite, normalises when asked. */
+static int take_vectors(tr_server *s, tr_slot *slot, const unsigned char *src, uint32_t count,
+                        int normalise) {
+    uint32_t d = s->h->dim;
+    memcpy(s->query_scratch, src, (size_t)count * d * sizeof(float));
+    for (uint32_t i = 0; i < count; i++) {
+        float *v = s->query_scratch + (size_t)i * d;
+        double norm = 0.0;
+        for (uint32_t j = 0; j < d; j++) {
+            if (!isfinite(v[j]))
+                return reply_error(slot, TR_E_NOT_FINITE, "vector %u has a NaN or infinite value at "
+                                   "%u: clean the input (np.nan_to_num) or drop the row", i, j);
+            norm += (double)v[j] * v[j];
+        }
+        if (normalise) {
+            if (norm == 0.0)
+                return reply_error(slot, TR_E_ZERO_VECTOR, "vector %u is all zeros and cannot be "
+                                   "normalised: drop it", i);
+            float inv = (float)(1.0 / sqrt(norm));
+            for (uint32_t j = 0; j < d; j++) v[j] *= inv;
+        }
+    }
+    return TR_OK;
+}
+
+static void record_latency(tr_header *h, uint64_t ns) {
+    uint32_t b = ns ? 63u - (uint32_t)__builtin_clzll(ns) : 0;
+    h->latency_hist[b]++;
+    h->search_ns_total += ns;
+}
+
+static int handle(tr_server *s, tr_slot *slot) {
+    tr_header *h = s->h;
+    unsigned char *p = tr_slot_payload(slot);
+    uint32_t op = slot->opcode, flags = slot->flags, count = slot->count, k = slot->k;
+    char *err = slot->message;
+    const size_t errlen = TR_MESSAGE_BYTES;
+    slot->reply_count = 0;
+    if (op < 1 || op > TR_OP_MAX)
+        return reply_error(slot, TR_E_BAD_OPCODE, "unknown opcode %u: client and sidecar versions "
+                           "differ? restart the sidecar with the installed version", op);
+    if (flags & ~TR_FLAGS_KNOWN)
+        return reply_error(slot, TR_E_BAD_FLAGS, "unknown flags 0x%x", flags & ~TR_FLAGS_KNOWN);
+    switch (op) {
+    case TR_OP_PING:
+        return TR_OK;
+    case TR_OP_SEARCH: {
+        if (k < 1 || k > h->max_k)
+            return reply_error(slot, TR_E_BAD_K, "k=%u is out of range: use 1 <= k <= %u", k, h->max_k);
+        if (count < 1 || count > h->max_search_queries ||
+            TR_SEARCH_BYTES(count, h->dim, k) > h->slot_payload_bytes)
+            return reply_error(slot, TR_E_BAD_COUNT, "%u queries at k=%u do not fit one request "
+                               "(at most %u at k=%u): send fewer", count, k, h->max_search_queries, h->max_k);
+        int rc = take_vectors(s, slot, p, count, flags & TR_FLAG_NORMALIZE);
+        if (rc) return rc;
+        uint64_t t0 = tr_now_ns();
+        uint32_t hits = 0;
+        rc = s->ops->search(s->backend, s->query_scratch, count, k, (flags & TR_FLAG_NS_FILTER) != 0,
+                            slot->ns_hash, s->id_scratch, s->score_scratch, &hits, err, errlen);
+        if (rc) return rc;
+        record_latency(h, tr_now_ns() - t0);
+        h->searches++;
+        h->queries += count;
+        unsigned char *out = p + TR_SEARCH_RESULT_OFFSET(count, h->dim);
+        memcpy(out, s->id_scratch, (size_t)count * k * sizeof(int64_t));
+        memcpy(out + (size_t)count * k * sizeof(int64_t), s->score_scratch, (size_t)count * k * sizeof(float));
+        if (!(flags & TR_FLAG_NO_TOUCH)) {
+            for (uint32_t q = 0; q < count; q++) tr_store_touch_ids(&s->store, s->id_scratch + (size_t)q * k, hits);
+        }
+        slot->reply_count = hits;
+        return TR_OK;
+    }
+    case TR_OP_UPSERT: {
+        if (count < 1 || count > h->max_upsert_rows)
+            return reply_error(slot, TR_E_BAD_COUNT, "%u rows in one upsert: send 1..%u per request",
+                               count, h->max_upsert_rows);
+        int rc = take_vectors(s, slot, p + TR_UPSERT_VECTORS_OFFSET(count), count, flags & TR_FLAG_NORMALIZE);
+        if (rc) return rc;
+        const int64_t *ids = (const int64_t *)p;
+        const uint64_t *ns = (const uint64_t *)(p + 8ull * count);
+        const int64_t *created = (const int64_t *)(p + 16ull * count);
+        int64_t *evicted = (int64_t *)(p + TR_UPSERT_REPLY_OFFSET(count, h->dim));
+        uint32_t n_evicted = 0;
+        rc = tr_store_upsert(&s->store, ids, ns, created, s->query_scratch, count, evicted, &n_evicted,
+                             err, errlen);
+        h->hot_rows = s->store.rows;
+        h->evicted_rows += n_evicted;
+        if (rc) return rc;
+        h->upserted_rows += count;
+        slot->reply_count = n_evicted;
+        return TR_OK;
+    }
+    case TR_OP_DELETE:
+    case TR_OP_CONTAINS: {
+        uint64_t limit = h->slot_payload_bytes / 9u;
+        if (count < 1 || count > limit)
+            return reply_error(slot, TR_E_BAD_COUNT, "%u ids in one request: send 1..%llu", count,
+                               (unsigned long long)limit);
+        const int64_t *ids = (const int64_t *)p;
+        if (op == TR_OP_CONTAINS) {
+            slot->reply_count = tr_store_contains(&s->store, ids, count, p + TR_CONTAINS_REPLY_OFFSET(count));
+            return TR_OK;
+        }
+        uint32_t deleted = 0;
+        int rc = tr_store_delete(&s->store, ids, count, &deleted, err, errlen);
+        h->hot_rows = s->store.rows;
+        h->deleted_rows += deleted;
+        slot->reply_count = deleted;
+        return rc;
+    }
+    case TR_OP_SET_TOTALS: {
+        uint64_t limit = h->slot_payload_bytes / 16u;
+        if (count < 1 || count > limit)
+            return reply_error(slot, TR_E_BAD_COUNT, "%u namespaces in one request: send 1..%llu",
+                               count, (unsigned long long)limit);
+        return tr_store_set_totals(&s->store, (const uint64_t *)p, (const uint64_t *)(p + 8ull * count),
+                                   count, err, errlen);
+    }
+    case TR_OP_CLEAR: {
+        uint32_t removed = 0;
+        int rc = tr_store_clear(&s->store, &removed, err, errlen);
+        h->hot_rows = s->store.rows;
+        slot->reply_count = removed;
+        return rc;
+    }
+    }
+    return reply_error(slot, TR_E_BAD_OPCODE, "unknown opcode %u", op);
+}
+
+static void serve_slot(tr_server *s, tr_slot *slot) {
+    uint64_t t0 = tr_now_ns();
+    slot->message[0] = '\0';
+    int status = handle(s, slot);
+    s->h->requests++;
+    if (status != TR_OK) s->h->errors++;
+    slot->status = status;
+    slot->reply_seq = slot->seq;
+    slot->service_ns = tr_now_ns() - t0;
+    s->h->service_ns_total += slot->service_ns;
+    uint32_t busy = TR_SLOT_BUSY;
+    /* seq_cst pairs with the client's store of client_waiting: one of us sees the other. */
+    if (!__atomic_compare_exchange_n(&slot->state, &busy, (uint32_t)TR_SLOT_DONE, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST)) {
+        /* the client gave up (ABANDONED): nobody will read the answer */
+        slot->owner_pid = 0;
+        tr_store_release(&slot->state, (uint32_t)TR_SLOT_FREE);
+        return;
+    }
+    if (__atomic_load_n(&slot->client_waiting, __ATOMIC_SEQ_CST)) tr_futex_wake(&slot->state, 1);
+}
+
+/* One pass over the ring; returns how many requests were served. */
+static int serve_ready(tr_server *s) {
+    int served = 0;
+    for (uint32_t i = 0; i < s->h->slot_count; i++) {
+        tr_slot *slot = tr_slot_at(s->seg->base, s->h, i);
+        uint32_t st = tr_load_acquire(&slot->state);
+        if (st != TR_SLOT_REQUEST) continue;
+        if (!tr_cas(&slot->state, &st, (uint32_t)TR_SLOT_BUSY)) continue;
+        serve_slot(s, slot);
+        served++;
+    }
+    return served;
+}
+
+/* Frees slots held by clients that died; counts live clients. */
+static void sweep(tr_server *s, uint64_t now) {
+    tr_header *h = s->h;
+    __atomic_store_n(&h->heartbeat_ns, now, __ATOMIC_RELEASE);
+    for (uint32_t i = 0; i < h->slot_count; i++) {
+        tr_slot *slot = tr_slot_at(s->seg->base, h, i);
+        uint32_t st = tr_load_acquire(&slot->state);
+        int32_t owner = slot->owner_pid;
+        uint32_t seq = slot->seq;
+        int held = st == TR_SLOT_CLAIMED || st == TR_SLOT_DONE;
+        if (!held || owner == 0 || tr_pid_alive(owner)) {
+            s->suspect_seq[i] = 0;
+            continue;
+        }
+        /* Seen twice, a sweep apart, with the same dead owner and seq: truly abandoned. */
+        if (s->suspect_seq[i] == seq + 1) {
+            if (tr_cas(&slot->state, &st, (uint32_t)TR_SLOT_FREE)) {
+                slot->owner_pid = 0;
+                h->reclaimed_slots++;
+            }
+            s->suspect_seq[i] = 0;
+        } else {
+            s->suspect_seq[i] = seq + 1;
+        }
+    }
+    tr_client_entry *clients = tr_clients(s->seg->base, h);
+    int live = 0;
+    for (uint32_t i = 0; i < TR_MAX_CLIENTS; i++) {
+        int32_t pid = __atomic_load_n(&clients[i].pid, __ATOMIC_ACQUIRE);
+        if (pid == 0) continue;
+        if (tr_pid_alive(pid)) {
+            live++;
+        } else {
+            __atomic_compare_exchange_n(&clients[i].pid, &pid, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        }
+    }
+    if (live) s->last_client_seen_ns = now;
+}
+
+int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
+    tr_header *h = s->h;
+    tr_store_release(&h->state, (uint32_t)TR_SERVER_READY);
+    uint64_t last_request = tr_now_ns(), last_sweep = 0;
+    while (!*stop) {
+        if (serve_ready(s)) {
+            last_request = tr_now_ns();
+            continue;
+        }
+        uint64_t now = tr_now_ns();
+        if (now - last_sweep >= SWEEP_INTERVAL_NS) {
+            sweep(s, now);
+            last_sweep = now;
+            if (s->opt.exit_when_orphaned_ns && now - s->last_client_seen_ns > s->opt.exit_when_orphaned_ns) {
+                if (s->opt.verbose) fprintf(stderr, "tr-sidecar: no client attached; exiting\n");
+                return 0;
+            }
+        }
+        if (now - last_request < s->opt.idle_spin_ns) {
+            tr_cpu_relax();
+            continue;
+        }
+        /* Sleep on the doorbell. seq_cst pairs with the client's bump: either the client sees
+         * server_sleeping and wakes us, or our scan below sees its request. */
+        __atomic_store_n(&h->server_sleeping, 1, __ATOMIC_SEQ_CST);
+        uint32_t bell = __atomic_load_n(&h->doorbell, __ATOMIC_SEQ_CST);
+        if (!serve_ready(s)) tr_futex_wait(&h->doorbell, bell, SWEEP_INTERVAL_NS);
+        else last_request = tr_now_ns();
+        __atomic_store_n(&h->server_sleeping, 0, __ATOMIC_SEQ_CST);
+    }
+    return 0;
+}

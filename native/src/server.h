@@ -1,0 +1,38 @@
+/* The sidecar's request loop: finds published requests in the slot ring, checks and answers them. */
+#ifndef TR_SERVER_H
+#define TR_SERVER_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "segment.h"
+#include "store.h"
+
+typedef struct tr_server_options {
+    uint64_t idle_spin_ns;       /* keep polling this long after the last request before sleeping */
+    uint64_t exit_when_orphaned_ns; /* exit when no client has been attached this long (0 = never) */
+    int verbose;
+} tr_server_options;
+
+typedef struct tr_server {
+    tr_segment *seg;
+    tr_header *h;
+    tr_store store;
+    const tr_backend_ops *ops;
+    void *backend;
+    tr_server_options opt;
+    float *query_scratch;   /* normalised copies of queries / vectors */
+    int64_t *id_scratch;    /* search results before they are written to the slot */
+    float *score_scratch;
+    uint32_t *suspect_seq;  /* per slot: seq seen with a dead owner at the last sweep (+1) */
+    uint64_t last_client_seen_ns;
+} tr_server;
+
+int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, void *backend,
+                   const tr_server_options *opt, char *err, size_t errlen);
+/* Serves until *stop becomes non-zero (signal handler) or the sidecar is orphaned. */
+int tr_server_run(tr_server *s, volatile sig_atomic_t *stop);
+void tr_server_free(tr_server *s);
+
+#endif

@@ -1,0 +1,84 @@
+"""Finds the installed sidecar executable and loads the client library (libtrclient) with typed signatures."""
+from __future__ import annotations
+
+import ctypes as C
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from . import _layout as L
+from .errors import SidecarUnavailable
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _candidate_dirs() -> list[Path]:
+    dirs = []
+    override = os.environ.get("TIERED_RECALL_BIN_DIR")
+    if override:
+        dirs.append(Path(override))
+    dirs.append(_PACKAGE_DIR / "_bin")
+    # An editable install keeps compiled files in site-packages, not beside the sources.
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("tiered_recall")
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            dirs.append(Path(location) / "_bin")
+    except (ImportError, ValueError):
+        pass
+    import sysconfig
+
+    for key in ("purelib", "platlib"):
+        dirs.append(Path(sysconfig.get_paths()[key]) / "tiered_recall" / "_bin")
+    return dirs
+
+
+def _find(filename: str) -> Path:
+    for directory in _candidate_dirs():
+        path = directory / filename
+        if path.exists():
+            return path
+    raise SidecarUnavailable(
+        f"{filename} is not installed next to the package: reinstall with `pip install .` "
+        "(it builds native/), or set TIERED_RECALL_BIN_DIR to the folder holding it"
+    )
+
+
+def sidecar_executable() -> Path:
+    return _find("tr-sidecar")
+
+
+@lru_cache(maxsize=1)
+def client_library() -> C.CDLL:
+    lib = C.CDLL(str(_find("libtrclient.so")))
+    lib.tr_client_abi_version.restype = C.c_uint32
+    lib.tr_client_abi_version.argtypes = []
+    lib.tr_client_register.restype = C.c_int
+    lib.tr_client_register.argtypes = [C.c_void_p, C.c_int32]
+    lib.tr_client_unregister.restype = None
+    lib.tr_client_unregister.argtypes = [C.c_void_p, C.c_int32]
+    lib.tr_client_call.restype = C.c_int
+    lib.tr_client_call.argtypes = [
+        C.c_void_p,  # segment base
+        C.c_int32,  # pid
+        C.c_uint32,  # opcode
+        C.c_uint32,  # flags
+        C.c_uint32,  # k
+        C.c_uint32,  # count
+        C.c_uint64,  # ns_hash
+        C.c_void_p,  # in
+        C.c_uint64,  # in_bytes
+        C.c_void_p,  # out
+        C.c_uint64,  # out_offset
+        C.c_uint64,  # out_bytes
+        C.c_int64,  # timeout_ns
+        C.c_int64,  # spin_ns
+        C.POINTER(L.CallResult),
+    ]
+    if lib.tr_client_abi_version() != L.LAYOUT_VERSION:
+        raise SidecarUnavailable(
+            f"libtrclient speaks layout {lib.tr_client_abi_version()}, the Python package "
+            f"{L.LAYOUT_VERSION}: reinstall the package so both come from one build"
+        )
+    return lib

@@ -1,0 +1,519 @@
+"""The Python client of the hot-tier sidecar: attach to its segment, search / upsert / delete, start and stop it.
+
+Everything that mirrors native details stays private; the public surface takes and returns numpy
+arrays and raises the exceptions of `tiered_recall.errors`.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import mmap
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import _layout as L
+from ._native import client_library, sidecar_executable
+from .errors import (
+    HotTierFull,
+    IncompatibleLayout,
+    InvalidInput,
+    SidecarError,
+    SidecarUnavailable,
+)
+
+SHM_DIR = Path("/dev/shm")
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_SPIN_US = 50.0
+
+_NS_DTYPE = np.dtype([("ns_hash", "<u8"), ("hot_rows", "<u8"), ("total_rows", "<u8"), ("_r", "<u8")])
+_DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_F16: "f16"}
+_BACKEND_NAMES = {L.BACKEND_CPU: "cpu", L.BACKEND_CUDA: "cuda"}
+_INVALID_STATUSES = {L.E_BAD_K, L.E_BAD_COUNT, L.E_NOT_FINITE, L.E_ZERO_VECTOR, L.E_BAD_FLAGS, L.E_BAD_PAYLOAD}
+_MASK64 = (1 << 64) - 1
+
+
+def validate_name(name: str) -> str:
+    """Segment names become a file in /dev/shm: keep them to a safe alphabet so no path can escape."""
+    if not isinstance(name, str) or not name or len(name) > L.NAME_MAX or name.startswith(".") or ".." in name:
+        raise InvalidInput(
+            f"invalid sidecar name {name!r}: use 1-{L.NAME_MAX} characters of [A-Za-z0-9_.-], not starting with '.'"
+        )
+    if any(not (c.isascii() and (c.isalnum() or c in "_.-")) for c in name):
+        raise InvalidInput(f"invalid sidecar name {name!r}: only [A-Za-z0-9_.-] are allowed")
+    return name
+
+
+def segment_path(name: str) -> Path:
+    return SHM_DIR / f"{L.SEGMENT_PREFIX}{validate_name(name)}"
+
+
+def _mix64(x: int) -> int:
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & _MASK64
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & _MASK64
+    x ^= x >> 33
+    return x
+
+
+def _as_ids(ids: Sequence[int] | np.ndarray, what: str = "ids") -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise InvalidInput(f"{what} must be a 1-d sequence of integers, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise InvalidInput(f"{what} must be integers, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """ids: (nq, k) int64, -1 past the hits; scores: (nq, k) float32; hits: valid entries per query."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    hits: int
+    service_ns: int
+
+
+class HotTier:
+    """A client attached to one sidecar's segment. Thread-safe; one per process is plenty.
+
+    Attach with `HotTier.attach(name)`; the segment must be owned by this user and speak this
+    package's layout version, else `IncompatibleLayout` says how to fix it.
+    """
+
+    def __init__(self, name: str, *, dim: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 spin_us: float = DEFAULT_SPIN_US) -> None:
+        self.name = validate_name(name)
+        self.timeout_s = float(timeout_s)
+        self._timeout_ns = int(self.timeout_s * 1e9)
+        self._spin_ns = int(spin_us * 1e3)
+        self._lib = client_library()
+        self._pid = os.getpid()
+        path = segment_path(name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SidecarUnavailable(
+                f"no sidecar segment {path}: start one with `tiered-recall serve --name {name} ...`"
+            ) from None
+        except PermissionError:
+            raise SidecarUnavailable(f"segment {path} belongs to another user: it cannot be attached") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid():
+                raise SidecarUnavailable(
+                    f"segment {path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()}): refusing to attach"
+                )
+            if st.st_size < L.HEADER_BYTES:
+                raise SidecarUnavailable(f"segment {path} is still being created or is truncated: retry shortly")
+            raw = os.pread(fd, L.HEADER_BYTES, 0)
+            head = L.Header.from_buffer_copy(raw)
+            if head.magic != L.MAGIC:
+                raise IncompatibleLayout(f"{path} is not a tiered-recall segment (bad magic): remove it or pick another name")
+            if head.layout_version != L.LAYOUT_VERSION or head.header_bytes != L.HEADER_BYTES:
+                raise IncompatibleLayout(
+                    f"segment layout v{head.layout_version}, client v{L.LAYOUT_VERSION}: restart the sidecar "
+                    "with the installed version (`tiered-recall serve`)"
+                )
+            if dim is not None and head.dim != dim:
+                raise IncompatibleLayout(
+                    f"sidecar {name!r} serves dim {head.dim}, you asked for dim {dim}: use dim={head.dim} "
+                    "or start a sidecar with another --name"
+                )
+            if st.st_size < head.segment_bytes:
+                raise IncompatibleLayout(f"segment {path} is smaller than its header says: restart the sidecar")
+            self._mm = mmap.mmap(fd, head.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self._anchor = C.c_char.from_buffer(self._mm)
+        self._base = C.addressof(self._anchor)
+        self._header = L.Header.from_buffer(self._mm)
+        h = self._header
+        self.dim = int(h.dim)
+        self.capacity = int(h.capacity)
+        self.dtype = _DTYPE_NAMES.get(h.dtype, str(h.dtype))
+        self.backend = _BACKEND_NAMES.get(h.backend, str(h.backend))
+        self.max_k = int(h.max_k)
+        self.max_upsert_rows = int(h.max_upsert_rows)
+        self.max_search_queries = int(h.max_search_queries)
+        self._payload_bytes = int(h.slot_payload_bytes)
+        self._ns_table = np.frombuffer(self._mm, dtype=_NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
+        self._ns_mask = int(h.ns_entries) - 1
+        self._registered = self._lib.tr_client_register(self._base, self._pid) >= 0
+        self.ping()
+
+    @classmethod
+    def attach(cls, name: str, *, dim: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+               spin_us: float = DEFAULT_SPIN_US) -> "HotTier":
+        return cls(name, dim=dim, timeout_s=timeout_s, spin_us=spin_us)
+
+    # ---- plumbing ----
+
+    def _call(self, opcode: int, *, flags: int = 0, k: int = 0, count: int = 0, ns_hash: int = 0,
+              payload: np.ndarray | None = None, out: np.ndarray | None = None, out_offset: int = 0) -> L.CallResult:
+        if self._mm is None:
+            raise SidecarUnavailable("this HotTier is closed: attach again")
+        result = L.CallResult()
+        rc = self._lib.tr_client_call(
+            self._base, self._pid, opcode, flags, k, count, ns_hash,
+            None if payload is None else payload.ctypes.data, 0 if payload is None else payload.nbytes,
+            None if out is None else out.ctypes.data, out_offset, 0 if out is None else out.nbytes,
+            self._timeout_ns, self._spin_ns, C.byref(result),
+        )
+        if rc != L.CALL_OK:
+            raise self._call_error(rc)
+        if result.status != L.OK:
+            message = result.message.decode("utf-8", "replace")
+            if result.status == L.E_FULL:
+                raise HotTierFull(message)
+            if result.status in _INVALID_STATUSES:
+                raise InvalidInput(message)
+            raise SidecarError(f"sidecar error {result.status}: {message}")
+        return result
+
+    def _call_error(self, rc: int) -> Exception:
+        pid = self._header.owner_pid
+        if rc == L.CALL_TIMEOUT:
+            return SidecarUnavailable(f"sidecar {self.name!r} (pid {pid}) did not answer within {self.timeout_s:g} s")
+        if rc in (L.CALL_DEAD, L.CALL_NOT_READY):
+            return SidecarUnavailable(
+                f"sidecar {self.name!r} (pid {pid}) is not running: start it again (a new one reclaims the segment)"
+            )
+        if rc == L.CALL_NO_SLOT:
+            return SidecarUnavailable(
+                f"every request slot of sidecar {self.name!r} stayed busy for {self.timeout_s:g} s: "
+                "start it with more --slots or fewer concurrent clients"
+            )
+        if rc == L.CALL_TOO_LARGE:
+            return InvalidInput("request does not fit a slot: send smaller batches")
+        return SidecarError(f"client call failed with code {rc}")
+
+    # ---- requests ----
+
+    def ping(self) -> int:
+        """Empty round trip; returns the sidecar's service time in ns."""
+        return int(self._call(L.OP_PING).service_ns)
+
+    def search(self, queries: np.ndarray, *, k: int = 10, namespace_hash: int | None = None,
+               normalize: bool = False, touch: bool = True) -> SearchResult:
+        """queries: (d,) or (nq, d) float32, C-contiguous, unit norm unless normalize=True."""
+        q = queries
+        if not isinstance(q, np.ndarray) or q.dtype != np.float32 or not q.flags.c_contiguous:
+            raise InvalidInput(
+                "queries must be a C-contiguous float32 numpy array: pass np.ascontiguousarray(q, dtype=np.float32)"
+            )
+        nq = 1 if q.ndim == 1 else (q.shape[0] if q.ndim == 2 else -1)
+        if nq < 1 or q.shape[-1] != self.dim:
+            raise InvalidInput(f"queries must have shape ({self.dim},) or (n, {self.dim}); got {q.shape}")
+        if type(k) is not int and not isinstance(k, (int, np.integer)):
+            raise InvalidInput(f"k must be an int, got {type(k).__name__}")
+        if not 1 <= k <= self.max_k:
+            raise InvalidInput(f"k={k} is out of range: use 1 <= k <= {self.max_k}")
+        if nq > self.max_search_queries or L.search_result_offset(nq, self.dim) + nq * k * 12 > self._payload_bytes:
+            raise InvalidInput(f"{nq} queries do not fit one request: send at most {self.max_search_queries} at a time")
+        energy = float(np.vdot(q, q))
+        if energy != energy or energy == float("inf"):
+            raise InvalidInput("queries contain NaN or infinite values: clean them (np.nan_to_num) first")
+        if normalize and energy == 0.0:
+            raise InvalidInput("a query is all zeros and cannot be normalised")
+        flags = (L.FLAG_NORMALIZE if normalize else 0) | (0 if touch else L.FLAG_NO_TOUCH)
+        ns = 0
+        if namespace_hash is not None:
+            flags |= L.FLAG_NS_FILTER
+            ns = int(namespace_hash) & _MASK64
+        out = np.empty(nq * k * 12, dtype=np.uint8)
+        res = self._call(L.OP_SEARCH, flags=flags, k=k, count=nq, ns_hash=ns, payload=q, out=out,
+                         out_offset=L.search_result_offset(nq, self.dim))
+        ids = out[: nq * k * 8].view(np.int64).reshape(nq, k)
+        scores = out[nq * k * 8:].view(np.float32).reshape(nq, k)
+        return SearchResult(ids, scores, int(res.reply_count), int(res.service_ns))
+
+    def upsert(self, ids: Sequence[int] | np.ndarray, vectors: np.ndarray, namespace_hashes: Sequence[int] | np.ndarray | int,
+               *, created_at_us: Sequence[int] | np.ndarray | None = None, normalize: bool = False) -> np.ndarray:
+        """Inserts or replaces rows; returns the ids evicted (least recently used) to make room."""
+        ids_arr = _as_ids(ids)
+        n = ids_arr.shape[0]
+        vec = np.asarray(vectors)
+        if vec.ndim != 2 or vec.shape != (n, self.dim):
+            raise InvalidInput(f"vectors must have shape ({n}, {self.dim}) to match {n} ids; got {vec.shape}")
+        if vec.dtype.kind != "f":
+            raise InvalidInput(f"vectors must be floating point, got dtype {vec.dtype}")
+        vec = np.ascontiguousarray(vec, dtype=np.float32)
+        if not np.isfinite(vec).all():
+            raise InvalidInput("vectors contain NaN or infinite values: clean them (np.nan_to_num) or drop those rows")
+        if n == 0:
+            return np.empty(0, dtype=np.int64)
+        if n > self.capacity:
+            raise HotTierFull(f"{n} rows exceed the hot tier's capacity of {self.capacity}")
+        if np.isscalar(namespace_hashes):
+            ns = np.full(n, int(namespace_hashes) & _MASK64, dtype=np.uint64)
+        else:
+            ns = np.asarray([int(x) & _MASK64 for x in namespace_hashes], dtype=np.uint64)
+            if ns.shape != (n,):
+                raise InvalidInput(f"namespace_hashes must hold {n} values, got {ns.shape[0]}")
+        if created_at_us is None:
+            created = np.full(n, time.time_ns() // 1000, dtype=np.int64)
+        else:
+            created = np.ascontiguousarray(created_at_us, dtype=np.int64)
+            if created.shape != (n,):
+                raise InvalidInput(f"created_at_us must hold {n} values, got {created.shape}")
+        flags = L.FLAG_NORMALIZE if normalize else 0
+        evicted: list[np.ndarray] = []
+        step = self.max_upsert_rows
+        for start in range(0, n, step):
+            m = min(step, n - start)
+            voff = L.upsert_vectors_offset(m)
+            payload = np.zeros(voff + m * self.dim * 4, dtype=np.uint8)
+            payload[: 8 * m] = ids_arr[start:start + m].view(np.uint8)
+            payload[8 * m: 16 * m] = ns[start:start + m].view(np.uint8)
+            payload[16 * m: 24 * m] = created[start:start + m].view(np.uint8)
+            payload[voff:] = vec[start:start + m].reshape(-1).view(np.uint8)
+            out = np.empty(m * 8, dtype=np.uint8)
+            res = self._call(L.OP_UPSERT, flags=flags, count=m, payload=payload, out=out,
+                             out_offset=L.upsert_reply_offset(m, self.dim))
+            evicted.append(out.view(np.int64)[: res.reply_count].copy())
+        return np.concatenate(evicted)
+
+    def _id_batches(self, ids: np.ndarray):
+        step = max(1, (self._payload_bytes // 9) - 64)
+        for start in range(0, ids.shape[0], step):
+            yield ids[start:start + step]
+
+    def delete(self, ids: Sequence[int] | np.ndarray) -> int:
+        """Removes rows by id; returns how many were present."""
+        deleted = 0
+        for batch in self._id_batches(_as_ids(ids)):
+            deleted += self._call(L.OP_DELETE, count=batch.shape[0], payload=batch).reply_count
+        return deleted
+
+    def contains(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Boolean mask: which ids are in the hot tier now."""
+        ids_arr = _as_ids(ids)
+        masks = []
+        for batch in self._id_batches(ids_arr):
+            out = np.empty(batch.shape[0], dtype=np.uint8)
+            self._call(L.OP_CONTAINS, count=batch.shape[0], payload=batch, out=out,
+                       out_offset=L.contains_reply_offset(batch.shape[0]))
+            masks.append(out.astype(bool))
+        return np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
+
+    def set_namespace_totals(self, totals: dict[int, int]) -> None:
+        """Tells every process the total rows (both tiers) of namespaces, by hash."""
+        if not totals:
+            return
+        items = list(totals.items())
+        step = max(1, self._payload_bytes // 16 - 8)
+        for start in range(0, len(items), step):
+            chunk = items[start:start + step]
+            m = len(chunk)
+            payload = np.empty(2 * m, dtype=np.uint64)
+            payload[:m] = [h & _MASK64 for h, _ in chunk]
+            payload[m:] = [max(0, int(t)) for _, t in chunk]
+            self._call(L.OP_SET_TOTALS, count=m, payload=payload)
+
+    def clear(self) -> int:
+        return int(self._call(L.OP_CLEAR).reply_count)
+
+    # ---- state read straight from the segment ----
+
+    def namespace_rows(self, namespace_hash: int) -> tuple[int, int]:
+        """(hot rows, total rows as last set) of one namespace; (0, 0) when unknown."""
+        h = (int(namespace_hash) & _MASK64) or 1
+        i = _mix64(h) & self._ns_mask
+        table = self._ns_table
+        for _ in range(self._ns_mask + 1):
+            entry = table[i]
+            cur = int(entry["ns_hash"])
+            if cur == h:
+                return int(entry["hot_rows"]), int(entry["total_rows"])
+            if cur == 0:
+                return 0, 0
+            i = (i + 1) & self._ns_mask
+        return 0, 0
+
+    def namespace_table(self) -> dict[int, tuple[int, int]]:
+        used = self._ns_table[self._ns_table["ns_hash"] != 0]
+        return {int(e["ns_hash"]): (int(e["hot_rows"]), int(e["total_rows"])) for e in used}
+
+    @property
+    def owner_pid(self) -> int:
+        return int(self._header.owner_pid)
+
+    def alive(self) -> bool:
+        from ._proc import pid_alive
+
+        return self._mm is not None and self._header.state == L.SERVER_READY and pid_alive(self.owner_pid)
+
+    def stats(self) -> dict:
+        h = self._header
+        hist = np.array(h.latency_hist[:], dtype=np.int64)
+
+        def percentile(p: float) -> float | None:
+            total = int(hist.sum())
+            if total == 0:
+                return None
+            rank = p * total
+            bucket = int(np.searchsorted(np.cumsum(hist), rank))
+            return float(1.5 * (1 << bucket)) / 1e3  # bucket midpoint, microseconds
+
+        return {
+            "name": self.name, "backend": self.backend, "dtype": self.dtype, "dim": self.dim,
+            "capacity": self.capacity, "hot_rows": int(h.hot_rows), "requests": int(h.requests),
+            "searches": int(h.searches), "queries": int(h.queries), "upserted_rows": int(h.upserted_rows),
+            "deleted_rows": int(h.deleted_rows), "evicted_rows": int(h.evicted_rows), "errors": int(h.errors),
+            "reclaimed_slots": int(h.reclaimed_slots), "namespaces": int(h.namespaces),
+            "search_p50_us": percentile(0.5), "search_p99_us": percentile(0.99),
+            "search_mean_us": (int(h.search_ns_total) / int(h.searches) / 1e3) if h.searches else None,
+            "owner_pid": int(h.owner_pid), "slots": int(h.slot_count),
+        }
+
+    def close(self) -> None:
+        if self._mm is None:
+            return
+        if self._registered:
+            self._lib.tr_client_unregister(self._base, self._pid)
+        del self._header, self._anchor, self._ns_table
+        self._base = 0
+        mm, self._mm = self._mm, None
+        mm.close()
+
+    def __enter__(self) -> "HotTier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class SidecarProcess:
+    """A sidecar this process started (spawn + exec, never fork of a Python with state)."""
+
+    def __init__(self, name: str, popen: subprocess.Popen, log_path: Path) -> None:
+        self.name = name
+        self.popen = popen
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 5.0) -> int:
+        """SIGTERM, then SIGKILL after timeout_s; removes the segment if the sidecar could not."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        try:
+            path = segment_path(self.name)
+            if path.exists():
+                raw = path.read_bytes()[: L.HEADER_BYTES]
+                if len(raw) == L.HEADER_BYTES and L.Header.from_buffer_copy(raw).owner_pid == self.popen.pid:
+                    path.unlink()
+        except OSError:
+            pass
+        try:
+            self.log_path.unlink()
+        except OSError:
+            pass
+        return int(self.popen.returncode)
+
+    def kill(self) -> None:
+        """SIGKILL without clean-up (tests use it to leave a stale segment)."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+
+def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None, backend: str = "cpu",
+                 slots: int | None = None, threads: int | None = None, idle_spin_us: int | None = None,
+                 exit_when_orphaned_s: float | None = None, verbose: bool = False) -> list[str]:
+    validate_name(name)
+    if not isinstance(dim, (int, np.integer)) or not 1 <= dim <= L.MAX_DIM:
+        raise InvalidInput(f"dim must be an int in 1..{L.MAX_DIM}, got {dim!r}")
+    if not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise InvalidInput(f"capacity must be a positive int (rows), got {capacity!r}")
+    if dtype not in (None, "f32", "f16", "float32", "float16"):
+        raise InvalidInput(f"dtype must be 'f32' or 'f16', got {dtype!r}")
+    if backend not in ("cpu", "cuda"):
+        raise InvalidInput(f"backend must be 'cpu' or 'cuda', got {backend!r}")
+    args = [str(sidecar_executable()), "--name", name, "--dim", str(int(dim)), "--capacity", str(int(capacity)),
+            "--backend", backend]
+    if dtype:
+        args += ["--dtype", {"float32": "f32", "float16": "f16"}.get(dtype, dtype)]
+    if slots:
+        args += ["--slots", str(int(slots))]
+    if threads:
+        args += ["--threads", str(int(threads))]
+    if idle_spin_us is not None:
+        args += ["--idle-spin-us", str(int(idle_spin_us))]
+    if exit_when_orphaned_s:
+        args += ["--exit-when-orphaned", str(max(1, int(round(exit_when_orphaned_s))))]
+    if verbose:
+        args.append("--verbose")
+    return args
+
+
+def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = None, backend: str = "cpu",
+                  slots: int | None = None, threads: int | None = None, idle_spin_us: int | None = None,
+                  exit_when_orphaned_s: float | None = None, ready_timeout_s: float = 30.0,
+                  detach: bool = False) -> SidecarProcess:
+    """Starts `tr-sidecar` (exec'd, never a fork of this interpreter's state) and waits until it serves.
+
+    detach=True puts it in its own session so it outlives this process (with exit_when_orphaned_s
+    set, it still exits once no client has been attached for that long).
+    """
+    args = sidecar_args(name, dim=dim, capacity=capacity, dtype=dtype, backend=backend, slots=slots,
+                        threads=threads, idle_spin_us=idle_spin_us, exit_when_orphaned_s=exit_when_orphaned_s,
+                        verbose=True)
+    log_fd, log_name = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
+    try:
+        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, close_fds=True,
+                                 start_new_session=detach)
+    finally:
+        os.close(log_fd)
+    proc = SidecarProcess(name, popen, Path(log_name))
+    deadline = time.monotonic() + ready_timeout_s
+    path = segment_path(name)
+    while True:
+        if popen.poll() is not None:
+            message = proc.log().strip() or f"exit code {popen.returncode}"
+            proc.stop()
+            raise SidecarUnavailable(f"sidecar {name!r} failed to start: {message}")
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(L.HEADER_BYTES)
+            if len(raw) == L.HEADER_BYTES:
+                head = L.Header.from_buffer_copy(raw)
+                if head.owner_pid == popen.pid and head.state == L.SERVER_READY:
+                    return proc
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise SidecarUnavailable(f"sidecar {name!r} did not become ready within {ready_timeout_s:g} s")
+        time.sleep(0.002)
