@@ -36,10 +36,23 @@ int tr_futex_wake(uint32_t *word, int waiters) {
     return rc < 0 ? -errno : (int)rc;
 }
 
+/* A zombie (killed but not yet reaped by its parent) still answers kill(pid, 0). */
+static int pid_is_zombie(pid_t pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *close_paren = strrchr(buf, ')');
+    return close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
 int tr_pid_alive(pid_t pid) {
     if (pid <= 0) return 0;
-    if (kill(pid, 0) == 0) return 1;
-    return errno == EPERM;
+    if (kill(pid, 0) != 0 && errno != EPERM) return 0;
+    return !pid_is_zombie(pid);
 }
 
 int tr_segment_name_valid(const char *name) {

@@ -265,12 +265,10 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
     tr_store_release(&h->state, (uint32_t)TR_SERVER_READY);
     uint64_t last_request = tr_now_ns(), last_sweep = 0;
     while (!*stop) {
-        if (serve_ready(s)) {
-            last_request = tr_now_ns();
-            continue;
-        }
+        int served = serve_ready(s);
         uint64_t now = tr_now_ns();
-        if (now - last_sweep >= SWEEP_INTERVAL_NS) {
+        if (served) last_request = now;
+        if (now - last_sweep >= SWEEP_INTERVAL_NS) { /* also under load: heartbeat and dead clients */
             sweep(s, now);
             last_sweep = now;
             if (s->opt.exit_when_orphaned_ns && now - s->last_client_seen_ns > s->opt.exit_when_orphaned_ns) {
@@ -278,6 +276,7 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
                 return 0;
             }
         }
+        if (served) continue;
         if (now - last_request < s->opt.idle_spin_ns) {
             tr_cpu_relax();
             continue;

@@ -1,0 +1,87 @@
+"""Shared fixtures: an isolated sidecar per test (own segment name, stopped and removed afterwards), GPU gating."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from tiered_recall import sidecar as sc
+
+
+def _cuda_compiled() -> bool:
+    try:
+        out = subprocess.run([str(sc.sidecar_executable()), "--backends"], capture_output=True, text=True, timeout=10)
+    except Exception:
+        return False
+    return "cuda" in out.stdout.split()
+
+
+def _gpu_visible() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except Exception:
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def _gpu_required(config: pytest.Config) -> bool:
+    """On a GPU machine (TR_REQUIRE_GPU=1, or `-m gpu` asked for) GPU tests must run: never skip."""
+    markexpr = config.getoption("-m") or ""
+    return os.environ.get("TR_REQUIRE_GPU") == "1" or ("gpu" in markexpr and "not gpu" not in markexpr)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _gpu_required(config):
+        return  # the gpu_guard fixture fails them loudly if the GPU or CUDA build is missing
+    cuda = _cuda_compiled()
+    gpu = _gpu_visible()
+    reason = None
+    if not cuda:
+        reason = "built without CUDA support (no nvcc at install time)"
+    elif not gpu:
+        reason = "no GPU available on this machine"
+    if reason:
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def gpu_guard(request: pytest.FixtureRequest) -> None:
+    if "gpu" in request.keywords:
+        if not _cuda_compiled():
+            pytest.fail("GPU test on a build without the CUDA backend: reinstall with nvcc present (TR_CUDA=ON)")
+        if not _gpu_visible():
+            pytest.fail("GPU test but nvidia-smi sees no GPU")
+
+
+@pytest.fixture
+def segment_name() -> str:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    yield name
+    path = sc.SHM_DIR / f"tiered-recall.{name}"
+    if path.exists():
+        path.unlink()
+
+
+@pytest.fixture
+def start(segment_name: str):
+    """start(dim=..., capacity=..., **kw) -> (SidecarProcess, HotTier); everything is stopped afterwards."""
+    started: list[tuple[sc.SidecarProcess, sc.HotTier]] = []
+
+    def _start(*, name: str | None = None, **kwargs):
+        name = name or segment_name
+        proc = sc.start_sidecar(name, **kwargs)
+        hot = sc.HotTier.attach(name, timeout_s=kwargs.pop("timeout_s", 10.0))
+        started.append((proc, hot))
+        return proc, hot
+
+    yield _start
+    for proc, hot in started:
+        hot.close()
+        proc.stop()

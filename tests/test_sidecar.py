@@ -1,0 +1,163 @@
+"""The CPU sidecar through its real process and the Python client: exactness, writes, eviction, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tiered_recall import _layout as L
+from tiered_recall.errors import HotTierFull, IncompatibleLayout, InvalidInput, SidecarUnavailable
+from tiered_recall.sidecar import HotTier, start_sidecar
+
+BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def exact_topk(x: np.ndarray, ids: np.ndarray, q: np.ndarray, k: int, mask: np.ndarray | None = None):
+    scores = x @ q
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    order = np.lexsort((ids, -scores))[:k]  # best first, ties by smaller id
+    order = order[np.isfinite(scores[order])]
+    return ids[order], scores[order]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("filtered", [False, True])
+def test_search_matches_numpy(start, backend, dtype, filtered):
+    rng = np.random.default_rng([len(backend), len(dtype), int(filtered)])
+    n, dim, k = 3000, 96, 17
+    x = unit_rows(rng, n, dim)
+    ids = rng.choice(10**12, size=n, replace=False).astype(np.int64)
+    ns = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 7], dtype=np.uint64)[rng.integers(0, 3, size=n)]
+    _, hot = start(dim=dim, capacity=n, dtype=dtype, backend=backend)
+    assert hot.upsert(ids, x, ns).size == 0
+    stored = x.astype(np.float16).astype(np.float32) if dtype == "f16" else x
+    tol = 2e-3 if dtype == "f16" else 1e-5
+    for qi in range(20):
+        q = unit_rows(rng, 1, dim)[0]
+        want_ns = int(ns[qi]) if filtered else None
+        mask = (ns == ns[qi]) if filtered else None
+        exp_ids, exp_scores = exact_topk(stored, ids, q, k, mask)
+        got = hot.search(q, k=k, namespace_hash=want_ns)
+        assert_same_topk(got, exp_ids, exp_scores, stored, ids, q, tol)
+
+
+def assert_same_topk(got, exp_ids, exp_scores, stored, ids, q, tol):
+    """Equal up to near-ties: same scores, every returned id truly scores what was reported, and
+    every id clearly above the k-th score is present."""
+    n = got.hits
+    assert n == len(exp_ids)
+    got_ids, got_scores = got.ids[0, :n], got.scores[0, :n]
+    np.testing.assert_allclose(got_scores, exp_scores, rtol=0, atol=tol)
+    assert np.all(np.diff(got_scores) <= 0), "best first"
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    true_scores = np.array([stored[row_of[int(i)]] @ q for i in got_ids])
+    np.testing.assert_allclose(got_scores, true_scores, rtol=0, atol=tol)
+    clearly_in = set(exp_ids[exp_scores > exp_scores[-1] + 2 * tol].tolist())
+    assert clearly_in <= set(got_ids.tolist())
+
+
+def test_batched_queries_and_short_results(start):
+    rng = np.random.default_rng(7)
+    _, hot = start(dim=16, capacity=100)
+    x = unit_rows(rng, 5, 16)
+    hot.upsert(np.arange(5), x, 1)
+    res = hot.search(x[:3].copy(), k=10)
+    assert res.ids.shape == (3, 10) and res.hits == 5
+    assert list(res.ids[:, 0]) == [0, 1, 2]
+    assert (res.ids[:, 5:] == -1).all() and np.isneginf(res.scores[:, 5:]).all()
+    empty = hot.search(x[0].copy(), k=3, namespace_hash=999)
+    assert empty.hits == 0
+
+
+def test_ties_broken_by_smaller_id(start):
+    _, hot = start(dim=4, capacity=10)
+    v = np.array([[1, 0, 0, 0]] * 4, dtype=np.float32)
+    hot.upsert([40, 10, 30, 20], v, 5)
+    res = hot.search(v[0].copy(), k=3)
+    assert list(res.ids[0]) == [10, 20, 30]
+
+
+def test_upsert_replaces_delete_removes_and_counts(start):
+    rng = np.random.default_rng(3)
+    _, hot = start(dim=8, capacity=50)
+    x = unit_rows(rng, 10, 8)
+    hot.upsert(np.arange(10), x, [1] * 5 + [2] * 5)
+    assert hot.namespace_rows(1)[0] == 5 and hot.namespace_rows(2)[0] == 5
+    # replace id 3's vector and move it to namespace 2
+    hot.upsert([3], x[9:10], 2)
+    assert hot.namespace_rows(1)[0] == 4 and hot.namespace_rows(2)[0] == 6
+    res = hot.search(x[9].copy(), k=2)
+    assert set(res.ids[0]) == {3, 9}
+    assert hot.delete([3, 4, 999]) == 2
+    assert list(hot.contains([2, 3, 4, 5])) == [True, False, False, True]
+    assert hot.stats()["hot_rows"] == 8
+    assert hot.clear() == 8
+    assert hot.stats()["hot_rows"] == 0 and hot.namespace_rows(1)[0] == 0
+
+
+def test_full_tier_evicts_least_recently_used(start):
+    rng = np.random.default_rng(4)
+    _, hot = start(dim=8, capacity=4)
+    x = unit_rows(rng, 7, 8)
+    hot.upsert([0, 1, 2, 3], x[:4], 1)
+    hot.search(x[0].copy(), k=1)  # touches id 0: now most recent
+    evicted = hot.upsert([4, 5], x[4:6], 1)
+    assert sorted(evicted) == [1, 2]
+    assert list(hot.contains([0, 1, 2, 3, 4, 5])) == [True, False, False, True, True, True]
+    # searches with touch=False leave the order alone
+    hot.search(x[3].copy(), k=1, touch=False)
+    assert list(hot.upsert([6], x[6:7], 1)) == [3]
+    with pytest.raises(HotTierFull):
+        hot.upsert(np.arange(100, 105), unit_rows(rng, 5, 8), 1)
+
+
+def test_normalise_on_request(start):
+    _, hot = start(dim=3, capacity=10)
+    hot.upsert([1, 2], np.array([[3, 0, 0], [0, 0, 5]], dtype=np.float32), 1, normalize=True)
+    res = hot.search(np.array([2, 0, 0], dtype=np.float32), k=2, normalize=True)
+    assert list(res.ids[0]) == [1, 2]
+    np.testing.assert_allclose(res.scores[0], [1.0, 0.0], atol=1e-6)
+
+
+def test_client_validates_inputs(start):
+    _, hot = start(dim=8, capacity=10)
+    good = np.full(8, 1 / np.sqrt(8), dtype=np.float32)
+    with pytest.raises(InvalidInput, match="float32"):
+        hot.search(good.astype(np.float64))
+    with pytest.raises(InvalidInput, match="shape"):
+        hot.search(np.ones(7, dtype=np.float32))
+    with pytest.raises(InvalidInput, match="k="):
+        hot.search(good, k=0)
+    with pytest.raises(InvalidInput, match="k="):
+        hot.search(good, k=L.MAX_K + 1)
+    with pytest.raises(InvalidInput, match="NaN"):
+        hot.search(np.full(8, np.nan, dtype=np.float32))
+    with pytest.raises(InvalidInput, match="NaN"):
+        hot.upsert([1], np.full((1, 8), np.inf, dtype=np.float32), 1)
+    with pytest.raises(InvalidInput, match="shape"):
+        hot.upsert([1, 2], np.ones((1, 8), dtype=np.float32), 1)
+    with pytest.raises(InvalidInput, match="integers"):
+        hot.delete(np.array([1.5]))
+    assert hot.stats()["hot_rows"] == 0
+
+
+def test_attach_refuses_wrong_dim_and_missing(start, segment_name):
+    start(dim=8, capacity=10)
+    with pytest.raises(IncompatibleLayout, match="dim 8"):
+        HotTier.attach(segment_name, dim=16)
+    with pytest.raises(SidecarUnavailable, match="no sidecar segment"):
+        HotTier.attach(segment_name + "-absent")
+    with pytest.raises(InvalidInput):
+        HotTier.attach("../etc/passwd")
+
+
+def test_second_sidecar_on_same_name_is_refused(start, segment_name):
+    start(dim=8, capacity=10)
+    with pytest.raises(SidecarUnavailable, match="live sidecar"):
+        start_sidecar(segment_name, dim=8, capacity=10)
