@@ -1,0 +1,26 @@
+"""Ingestion of conversation files (JSONL, OpenAI chat, ShareGPT, LoCoMo) into memories: tiered_recall.ingest(...)."""
+from __future__ import annotations
+
+from .formats import FORMAT_CHOICES, FORMATS, FieldMap
+from .pipeline import DEFAULT_BATCH_SIZE, IngestProgress, MemorySink, ingest
+from .summary import IngestSummary
+from .templates import DEFAULT_TEMPLATE, TEMPLATES, Template, resolve_template
+from .turns import Turn, content_hash, turn_id
+
+__all__ = [
+    "ingest",
+    "IngestSummary",
+    "IngestProgress",
+    "MemorySink",
+    "Turn",
+    "turn_id",
+    "content_hash",
+    "FieldMap",
+    "FORMATS",
+    "FORMAT_CHOICES",
+    "TEMPLATES",
+    "DEFAULT_TEMPLATE",
+    "DEFAULT_BATCH_SIZE",
+    "Template",
+    "resolve_template",
+]

@@ -1,0 +1,80 @@
+"""IngestSummary: what one ingest run did, printable as a table line or JSON."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_BAD_EXAMPLES = 20
+
+
+@dataclass(slots=True)
+class IngestSummary:
+    """Counts for one run. added + updated + unchanged = turns stored or confirmed; skipped = read, not stored.
+
+    bad_records: records that could not be read (only non-zero with skip_bad=True); the first
+    MAX_BAD_EXAMPLES are listed as "file:line: problem".
+    """
+
+    files: int = 0
+    formats: Counter[str] = field(default_factory=Counter)
+    conversations: int = 0
+    turns_read: int = 0
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    bad_records: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+    embedded: int = 0
+    batches: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def turns_per_second(self) -> float:
+        return self.turns_read / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def note_bad(self, where: str, message: str) -> None:
+        self.bad_records += 1
+        if len(self.bad_examples) < MAX_BAD_EXAMPLES:
+            self.bad_examples.append(f"{where}: {message}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "formats": dict(self.formats),
+            "conversations": self.conversations,
+            "turns_read": self.turns_read,
+            "added": self.added,
+            "updated": self.updated,
+            "unchanged": self.unchanged,
+            "skipped": self.skipped_total,
+            "skipped_reasons": dict(self.skipped),
+            "bad_records": self.bad_records,
+            "bad_examples": list(self.bad_examples),
+            "embedded": self.embedded,
+            "batches": self.batches,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "turns_per_s": round(self.turns_per_second, 1),
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.files} file(s), {self.conversations} conversation(s), {self.turns_read} turn(s) read: "
+            f"{self.added} added, {self.updated} updated, {self.unchanged} unchanged, "
+            f"{self.skipped_total} skipped, {self.bad_records} bad record(s) in {self.elapsed_s:.2f} s "
+            f"({self.turns_per_second:,.0f} turns/s)"
+        )
+        if self.skipped:
+            text += "\n  skipped: " + "; ".join(f"{count} {reason}" for reason, count in self.skipped.most_common())
+        for example in self.bad_examples:
+            text += f"\n  bad: {example}"
+        return text
