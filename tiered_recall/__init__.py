@@ -1,1 +1,34 @@
-"""tiered-recall."""
+"""tiered-recall: a two-tier memory store for LLM agents (hot tier in a GPU/CPU sidecar, LanceDB on disk)."""
+from __future__ import annotations
+
+from .errors import (
+    HotTierFull,
+    IncompatibleLayout,
+    InvalidInput,
+    SidecarError,
+    SidecarUnavailable,
+    StorageError,
+    TieredRecallError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TieredMemory", "Hit", "Memory", "ingest", "IngestSummary",
+    "TieredRecallError", "InvalidInput", "SidecarUnavailable", "IncompatibleLayout", "HotTierFull",
+    "SidecarError", "StorageError", "__version__",
+]
+
+
+def __getattr__(name: str):
+    # Imported on first use: the hot-tier client and benchmarks stay free of lancedb and wordllama.
+    if name in ("TieredMemory", "Hit", "Memory"):
+        from . import memory
+
+        return getattr(memory, name)
+    if name in ("ingest", "IngestSummary"):
+        import importlib
+
+        module = importlib.import_module(".ingest", __name__)  # a callable module: tiered_recall.ingest(paths, ...)
+        return module if name == "ingest" else module.IngestSummary
+    raise AttributeError(f"module 'tiered_recall' has no attribute {name!r}")

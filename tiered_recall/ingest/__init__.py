@@ -1,6 +1,9 @@
 """Ingestion of conversation files (JSONL, OpenAI chat, ShareGPT, LoCoMo) into memories: tiered_recall.ingest(...)."""
 from __future__ import annotations
 
+import sys
+import types
+
 from .formats import FORMAT_CHOICES, FORMATS, FieldMap
 from .pipeline import DEFAULT_BATCH_SIZE, IngestProgress, MemorySink, ingest
 from .summary import IngestSummary
@@ -24,3 +27,13 @@ __all__ = [
     "Template",
     "resolve_template",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """Lets `tiered_recall.ingest(...)` call the pipeline while `tiered_recall.ingest.formats` stays a module."""
+
+    def __call__(self, *args, **kwargs):
+        return ingest(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
