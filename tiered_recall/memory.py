@@ -303,6 +303,9 @@ class TieredMemory:
             self._drop_hot(str(exc))
             self._next_hot_try = time.monotonic() + RECONNECT_BACKOFF_S
             return None
+        except TieredRecallError as exc:  # the hot tier is a cache: its failure never fails a durable write
+            self._hot_error = str(exc)
+            return None
 
     # ---- writes ------------------------------------------------------------------------------
 
@@ -388,7 +391,8 @@ class TieredMemory:
 
         def to_hot(hot: HotTier, total: int) -> bool:
             hot.set_namespace_totals({h: total})  # before the rows: a reader sees hot < total, asks cold
-            hot.upsert(id_arr, vecs, h, created_at_us=created)
+            keep = slice(max(0, n - hot.capacity), n)  # a batch larger than the tier: its newest rows
+            hot.upsert(id_arr[keep], vecs[keep], h, created_at_us=created[keep])
             return True
 
         with self._lock, self._write_lock():
