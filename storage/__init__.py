@@ -1,1 +1,4 @@
-"""Cold tier."""
+"""The cold tier: durable LanceDB storage with exact (and, when large, ANN) search; see ColdStore."""
+from .cold_store import ColdStore
+
+__all__ = ["ColdStore"]

@@ -1,0 +1,91 @@
+"""The cold table's Arrow schema and conversions between caller arrays and Arrow/row dicts."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+
+TABLE_NAME = "memories"
+VECTOR_COLUMN = "vector"
+
+
+def memory_schema(dim: int) -> pa.Schema:
+    return pa.schema([
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("namespace", pa.string(), nullable=False),
+        pa.field("session", pa.string(), nullable=True),
+        pa.field("role", pa.string(), nullable=True),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field(VECTOR_COLUMN, pa.list_(pa.float32(), dim), nullable=False),
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("metadata", pa.string(), nullable=True),
+    ])
+
+
+def schema_dim(schema: pa.Schema) -> int | None:
+    """The vector width of an existing table, or None when its vector column is not a fixed-size list."""
+    if VECTOR_COLUMN not in schema.names:
+        return None
+    vtype = schema.field(VECTOR_COLUMN).type
+    return vtype.list_size if pa.types.is_fixed_size_list(vtype) else None
+
+
+def vectors_to_arrow(vectors: np.ndarray) -> pa.FixedSizeListArray:
+    return pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1])
+
+
+def vectors_from_arrow(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if len(column) == 0:
+        return np.empty((0, dim), np.float32)
+    flat = column.flatten().to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(flat, dtype=np.float32).reshape(-1, dim)
+
+
+def timestamps_us(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(column.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def build_batch(schema: pa.Schema, *, ids, vectors, namespaces, texts, sessions, roles, created_at_us, metadata_json) -> pa.Table:
+    return pa.Table.from_arrays([
+        pa.array(ids, type=pa.int64()),
+        pa.array(namespaces, type=pa.string()),
+        pa.array(sessions, type=pa.string()),
+        pa.array(roles, type=pa.string()),
+        pa.array(texts, type=pa.string()),
+        vectors_to_arrow(vectors),
+        pa.array(created_at_us, type=pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(metadata_json, type=pa.string()),
+    ], schema=schema)
+
+
+def rows_from_arrow(table: pa.Table, dim: int) -> dict[int, dict]:
+    ids = table.column("id").to_pylist()
+    vectors = vectors_from_arrow(table.column(VECTOR_COLUMN), dim)
+    created = timestamps_us(table.column("created_at"))
+    cols = {name: table.column(name).to_pylist() for name in ("namespace", "session", "role", "text", "metadata")}
+    out = {}
+    for i, row_id in enumerate(ids):
+        meta = cols["metadata"][i]
+        out[row_id] = {
+            "id": row_id,
+            "namespace": cols["namespace"][i],
+            "session": cols["session"][i],
+            "role": cols["role"][i],
+            "text": cols["text"][i],
+            "created_at_us": int(created[i]),
+            "metadata": json.loads(meta) if meta else {},
+            "vector": vectors[i].copy(),
+        }
+    return out
+
+
+def sql_string(value: str) -> str:
+    """A SQL string literal for LanceDB filters (single quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_id_list(ids: np.ndarray) -> str:
+    return "(" + ",".join(str(int(i)) for i in ids.tolist()) + ")"
