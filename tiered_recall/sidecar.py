@@ -478,22 +478,52 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
     return args
 
 
+class DetachedSidecar:
+    """A sidecar started with detach=True: a daemon in its own session, not a child of this process."""
+
+    def __init__(self, name: str, pid: int, log_path: Path) -> None:
+        self.name = name
+        self.pid = pid
+        self.log_path = log_path
+
+    def running(self) -> bool:
+        from ._proc import pid_alive
+
+        return pid_alive(self.pid)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM; SIGKILL when it has not exited after timeout_s."""
+        from ._proc import pid_alive
+
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if pid_alive(self.pid):
+            os.kill(self.pid, signal.SIGKILL)
+
+
 def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = None, backend: str = "cpu",
                   slots: int | None = None, threads: int | None = None, idle_spin_us: int | None = None,
                   exit_when_orphaned_s: float | None = None, ready_timeout_s: float = 30.0,
-                  detach: bool = False) -> SidecarProcess:
+                  detach: bool = False) -> SidecarProcess | DetachedSidecar:
     """Starts `tr-sidecar` (exec'd, never a fork of this interpreter's state) and waits until it serves.
 
-    detach=True puts it in its own session so it outlives this process (with exit_when_orphaned_s
-    set, it still exits once no client has been attached for that long).
+    detach=True makes it a daemon in its own session that outlives this process (with
+    exit_when_orphaned_s set, it exits once no client has been attached for that long); its
+    readiness comes back through a pipe, so a failed start is reported at once.
     """
     args = sidecar_args(name, dim=dim, capacity=capacity, dtype=dtype, backend=backend, slots=slots,
                         threads=threads, idle_spin_us=idle_spin_us, exit_when_orphaned_s=exit_when_orphaned_s,
                         verbose=True)
     log_fd, log_name = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
+    if detach:
+        return _start_detached(name, args, log_fd, Path(log_name), ready_timeout_s)
     try:
-        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, close_fds=True,
-                                 start_new_session=detach)
+        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, close_fds=True)
     finally:
         os.close(log_fd)
     proc = SidecarProcess(name, popen, Path(log_name))
@@ -517,3 +547,37 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
             proc.stop()
             raise SidecarUnavailable(f"sidecar {name!r} did not become ready within {ready_timeout_s:g} s")
         time.sleep(0.002)
+
+
+def _start_detached(name: str, args: list[str], log_fd: int, log_path: Path, ready_timeout_s: float) -> DetachedSidecar:
+    import select
+
+    read_end, write_end = os.pipe()
+    try:
+        launcher = subprocess.Popen(args + ["--daemon", "--ready-fd", str(write_end)], stdin=subprocess.DEVNULL,
+                                    stdout=log_fd, stderr=log_fd, pass_fds=(write_end,))
+    finally:
+        os.close(write_end)
+        os.close(log_fd)
+    launcher.wait()  # the launcher exits as soon as the daemon is forked
+    data = b""
+    deadline = time.monotonic() + ready_timeout_s
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select([read_end], [], [], remaining)
+            if not ready:
+                break
+            chunk = os.read(read_end, 64)
+            if not chunk:
+                break  # EOF: the daemon said ready and closed, or it died
+            data += chunk
+    finally:
+        os.close(read_end)
+    if data.startswith(b"ready "):
+        log_path.unlink(missing_ok=True)  # the daemon keeps its descriptor; nothing is left in /tmp
+        return DetachedSidecar(name, int(data.split()[1]), log_path)
+    message = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
+    raise SidecarUnavailable(f"sidecar {name!r} failed to start: {message or 'no readiness within ' + str(ready_timeout_s) + ' s'}")

@@ -38,6 +38,8 @@ static void usage(FILE *out) {
             "  --idle-spin-us US      keep polling this long after a request before sleeping (default 2000)\n"
             "  --exit-when-orphaned S exit once no client has been attached for S seconds (default: never)\n"
             "  --verbose              log start-up and shutdown to stderr\n"
+            "  --daemon               detach: fork, start a new session, the parent exits at once\n"
+            "  --ready-fd FD          write \"ready PID\" to FD and close it once serving\n"
             "  --print-layout         print the segment layout as JSON and exit\n"
             "  --backends             print the compiled backends and exit\n",
             TR_NAME_MAX, TR_MAX_DIM);
@@ -65,10 +67,10 @@ static uint32_t next_pow2(uint64_t v) {
 int main(int argc, char **argv) {
     const char *name = NULL, *dtype_text = NULL, *backend_text = "cpu";
     uint64_t dim = 0, capacity = 0, slots = 32, slot_bytes = 0, namespaces = 0, threads = 0, device = 0;
-    uint64_t idle_spin_us = 2000, orphan_s = 0;
-    int verbose = 0;
+    uint64_t idle_spin_us = 2000, orphan_s = 0, ready_fd = UINT64_MAX;
+    int verbose = 0, daemonize = 0;
     enum { O_NAME = 256, O_DIM, O_CAP, O_DTYPE, O_BACKEND, O_SLOTS, O_SLOT_BYTES, O_NS, O_THREADS,
-           O_DEVICE, O_SPIN, O_ORPHAN, O_VERBOSE, O_LAYOUT, O_BACKENDS, O_VERSION, O_HELP };
+           O_DEVICE, O_SPIN, O_ORPHAN, O_VERBOSE, O_DAEMON, O_READY_FD, O_LAYOUT, O_BACKENDS, O_VERSION, O_HELP };
     static const struct option options[] = {
         {"name", required_argument, 0, O_NAME}, {"dim", required_argument, 0, O_DIM},
         {"capacity", required_argument, 0, O_CAP}, {"dtype", required_argument, 0, O_DTYPE},
@@ -77,6 +79,7 @@ int main(int argc, char **argv) {
         {"threads", required_argument, 0, O_THREADS}, {"device", required_argument, 0, O_DEVICE},
         {"idle-spin-us", required_argument, 0, O_SPIN},
         {"exit-when-orphaned", required_argument, 0, O_ORPHAN}, {"verbose", no_argument, 0, O_VERBOSE},
+        {"daemon", no_argument, 0, O_DAEMON}, {"ready-fd", required_argument, 0, O_READY_FD},
         {"print-layout", no_argument, 0, O_LAYOUT}, {"backends", no_argument, 0, O_BACKENDS},
         {"version", no_argument, 0, O_VERSION}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     int c;
@@ -96,6 +99,8 @@ int main(int argc, char **argv) {
         case O_SPIN: bad = parse_u64("--idle-spin-us", optarg, 0, 60ull * 1000 * 1000, &idle_spin_us); break;
         case O_ORPHAN: bad = parse_u64("--exit-when-orphaned", optarg, 0, 86400ull * 365, &orphan_s); break;
         case O_VERBOSE: verbose = 1; break;
+        case O_DAEMON: daemonize = 1; break;
+        case O_READY_FD: bad = parse_u64("--ready-fd", optarg, 0, 65535, &ready_fd); break;
         case O_LAYOUT: tr_print_layout_json(); return 0;
         case O_BACKENDS:
 #ifdef TR_WITH_CUDA
@@ -146,6 +151,18 @@ int main(int argc, char **argv) {
     tr_segment_geometry g = {(uint32_t)dim, dtype, ops->kind, capacity, (uint32_t)slots,
                              (uint32_t)slot_bytes, next_pow2(namespaces)};
 
+    if (daemonize) {
+        /* Before any backend state exists (a CUDA context does not survive fork). The parent
+         * exits at once so its starter can reap it; the daemon belongs to no terminal. */
+        pid_t child = fork();
+        if (child < 0) {
+            fprintf(stderr, "tr-sidecar: fork: %s\n", strerror(errno));
+            return 1;
+        }
+        if (child > 0) _exit(0);
+        setsid();
+    }
+
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -167,7 +184,8 @@ int main(int argc, char **argv) {
         tr_segment_destroy(&seg);
         return 1;
     }
-    tr_server_options opt = {idle_spin_us * 1000ull, orphan_s * 1000000000ull, verbose};
+    tr_server_options opt = {idle_spin_us * 1000ull, orphan_s * 1000000000ull, verbose,
+                             ready_fd == UINT64_MAX ? -1 : (int)ready_fd};
     tr_server server;
     if (tr_server_init(&server, &seg, ops, backend, &opt, err, sizeof err) != 0) {
         fprintf(stderr, "tr-sidecar: %s\n", err);

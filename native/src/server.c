@@ -14,6 +14,8 @@
 
 #include "platform.h"
 
+#include <unistd.h>
+
 #define SWEEP_INTERVAL_NS (100ull * 1000 * 1000)
 
 int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, void *backend,
@@ -263,6 +265,13 @@ static void sweep(tr_server *s, uint64_t now) {
 int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
     tr_header *h = s->h;
     tr_store_release(&h->state, (uint32_t)TR_SERVER_READY);
+    if (s->opt.ready_fd >= 0) {
+        char line[64];
+        int n = snprintf(line, sizeof line, "ready %d\n", (int)getpid());
+        if (write(s->opt.ready_fd, line, (size_t)n) != n) { /* the starter gave up: keep serving */ }
+        close(s->opt.ready_fd);
+        s->opt.ready_fd = -1;
+    }
     uint64_t last_request = tr_now_ns(), last_sweep = 0;
     while (!*stop) {
         int served = serve_ready(s);

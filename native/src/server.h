@@ -13,6 +13,7 @@ typedef struct tr_server_options {
     uint64_t idle_spin_ns;       /* keep polling this long after the last request before sleeping */
     uint64_t exit_when_orphaned_ns; /* exit when no client has been attached this long (0 = never) */
     int verbose;
+    int ready_fd;                /* written "ready PID\n" and closed once serving (-1 = none) */
 } tr_server_options;
 
 typedef struct tr_server {

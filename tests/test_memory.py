@@ -1,0 +1,251 @@
+"""TieredMemory end to end: tiered answers equal exact search, durability across sidecar kills, sharing, bad input."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from tiered_recall import InvalidInput, TieredMemory
+from tiered_recall._proc import pid_alive
+from tiered_recall.sidecar import HotTier, segment_path
+
+DIM = 32
+
+
+def unit_rows(rng, n, dim=DIM):
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def sidecar_pid(memory: TieredMemory) -> int:
+    with HotTier.attach(memory.sidecar_name) as hot:
+        return hot.owner_pid
+
+
+@pytest.fixture
+def open_memory(tmp_path):
+    """open_memory(**kw) -> TieredMemory over a fresh folder (raw vectors, CPU hot tier); sidecars stopped after."""
+    opened: list[TieredMemory] = []
+
+    def _open(path=None, **kwargs):
+        kwargs.setdefault("dim", DIM)
+        kwargs.setdefault("embedder", None)
+        kwargs.setdefault("device", "cpu")
+        kwargs.setdefault("orphan_grace_s", 2.0)
+        memory = TieredMemory(path or tmp_path / "store", **kwargs)
+        opened.append(memory)
+        return memory
+
+    yield _open
+    for memory in opened:
+        name = memory.sidecar_name
+        memory.close()
+        path = segment_path(name)
+        if path.exists():
+            try:
+                with HotTier.attach(name) as hot:
+                    pid = hot.owner_pid
+                os.kill(pid, signal.SIGTERM)
+            except Exception:
+                pass
+
+
+def exact(vectors: dict[int, np.ndarray], namespaces: dict[int, str], q: np.ndarray, k: int, namespace=None):
+    ids = np.array(sorted(i for i in vectors if namespace is None or namespaces[i] == namespace), dtype=np.int64)
+    if ids.size == 0:
+        return [], np.array([])
+    x = np.stack([vectors[i] for i in ids])
+    scores = x @ q
+    order = np.lexsort((ids, -scores))[:k]
+    return ids[order].tolist(), scores[order]
+
+
+def check_against_exact(memory, vectors, namespaces, rng, k=5):
+    for namespace in (None, "a", "b", "c"):
+        for _ in range(4):
+            q = unit_rows(rng, 1)[0]
+            want_ids, want_scores = exact(vectors, namespaces, q, k, namespace)
+            hits = memory.search(q, k=k, namespace=namespace)
+            got_scores = np.array([h.score for h in hits])
+            assert len(hits) == len(want_ids)
+            np.testing.assert_allclose(got_scores, want_scores, atol=1e-5)
+            # identical up to float near-ties
+            clearly = {i for i, s in zip(want_ids, want_scores) if s > want_scores[-1] + 1e-5}
+            assert clearly <= {h.id for h in hits}
+            assert all(namespace is None or h.namespace == namespace for h in hits)
+            assert all(h.tier in ("hot", "cold") for h in hits)
+
+
+def test_tiered_search_equals_exact_search_across_adds_deletes_and_evictions(open_memory):
+    rng = np.random.default_rng(11)
+    memory = open_memory(hot_capacity=40)  # smaller than the data: namespaces become incomplete
+    vectors: dict[int, np.ndarray] = {}
+    namespaces: dict[int, str] = {}
+    next_id = 1
+    for step in range(12):
+        ns = ["a", "b", "c"][step % 3]
+        n = int(rng.integers(3, 12))
+        x = unit_rows(rng, n)
+        ids = list(range(next_id, next_id + n))
+        next_id += n
+        memory.add([f"memory {i}" for i in ids], vectors=x, ids=ids, namespace=ns)
+        for i, v in zip(ids, x):
+            vectors[i], namespaces[i] = v, ns
+        if step % 4 == 3:  # delete a few, across namespaces
+            victims = [int(v) for v in rng.choice(sorted(vectors), size=4, replace=False)]
+            assert memory.delete(victims) == 4
+            for v in victims:
+                del vectors[v], namespaces[v]
+        check_against_exact(memory, vectors, namespaces, rng)
+    stats = memory.stats()
+    assert stats["cold_rows"] == len(vectors)
+    assert stats["hot_rows"] <= 40
+    assert stats["latency"].get("hot+cold", {}).get("searches", 0) > 0, "some searches had to ask the cold tier"
+
+
+def test_complete_namespace_is_answered_by_the_hot_tier_alone(open_memory):
+    rng = np.random.default_rng(5)
+    memory = open_memory(hot_capacity=1000)
+    x = unit_rows(rng, 30)
+    memory.add([f"m{i}" for i in range(30)], vectors=x, ids=list(range(30)), namespace="small")
+    hits = memory.search(x[7], k=3, namespace="small")
+    assert hits[0].id == 7 and all(h.tier == "hot" for h in hits)
+    assert memory.stats()["latency"]["hot"]["searches"] == 1
+    assert "hot+cold" not in memory.stats()["latency"]
+
+
+def test_cold_hits_are_promoted(open_memory):
+    rng = np.random.default_rng(6)
+    memory = open_memory(hot_capacity=5)
+    x = unit_rows(rng, 20)
+    memory.add([f"m{i}" for i in range(20)], vectors=x, ids=list(range(20)), namespace="n")
+    first = memory.search(x[0], k=1, namespace="n")  # id 0 was evicted long ago: served cold
+    assert first[0].id == 0 and first[0].tier == "cold"
+    second = memory.search(x[0], k=1, namespace="n")
+    assert second[0].id == 0 and second[0].tier == "hot"
+
+
+def test_get_count_metadata_and_roundtrip(open_memory):
+    rng = np.random.default_rng(8)
+    memory = open_memory()
+    ids = memory.add(["hello", "world"], vectors=unit_rows(rng, 2), namespace="x", session="s1",
+                     role=["user", "assistant"], metadata=[{"a": 1}, None], created_at=1_700_000_000.0)
+    got = memory.get(ids + [123456789])
+    assert [m.text for m in got[:2]] == ["hello", "world"] and got[2] is None
+    assert got[0].role == "user" and got[1].role == "assistant" and got[0].session == "s1"
+    assert got[0].metadata == {"a": 1} and got[1].metadata == {}
+    assert int(got[0].created_at.timestamp()) == 1_700_000_000
+    assert memory.count() == 2 and memory.count("x") == 2 and memory.count("other") == 0
+    # an upsert by id replaces, never duplicates
+    memory.add(["hello again"], vectors=unit_rows(rng, 1), ids=[ids[0]], namespace="x")
+    assert memory.count("x") == 2 and memory.get(ids[0])[0].text == "hello again"
+
+
+def test_bad_input_raises_and_writes_nothing(open_memory):
+    rng = np.random.default_rng(9)
+    memory = open_memory()
+    good = unit_rows(rng, 1)
+    bad_calls = [
+        lambda: memory.add(["x"], vectors=unit_rows(rng, 1, DIM + 1), namespace="n"),
+        lambda: memory.add([""], vectors=good, namespace="n"),
+        lambda: memory.add(["x"], vectors=np.full((1, DIM), np.nan, np.float32), namespace="n"),
+        lambda: memory.add(["x"], vectors=np.zeros((1, DIM), np.float32), namespace="n"),
+        lambda: memory.add(["x", "y"], vectors=good, namespace="n"),
+        lambda: memory.add(["x"], vectors=good, namespace=""),
+        lambda: memory.add(["x"], vectors=good, namespace=5),
+        lambda: memory.add(["x"], vectors=good, namespace="n", metadata={"bad": object()}),
+        lambda: memory.add(["x"], vectors=good, namespace="n", ids=[-1]),
+        lambda: memory.add(["\ud800"], vectors=good, namespace="n"),
+        lambda: memory.add(["x"], namespace="n"),  # no embedder and no vectors
+        lambda: memory.search(good[0], k=0),
+        lambda: memory.search(good[0], k=-3),
+        lambda: memory.search(np.full(DIM, np.inf, np.float32)),
+        lambda: memory.search(unit_rows(rng, 1, DIM - 1)[0]),
+        lambda: memory.search(good[0], namespace=""),
+    ]
+    for call in bad_calls:
+        with pytest.raises(InvalidInput):
+            call()
+    assert memory.count() == 0
+    assert memory.search(good[0], k=3, namespace="never-written") == []
+
+
+def test_add_succeeds_while_the_sidecar_is_down_and_the_hot_tier_catches_up(open_memory):
+    rng = np.random.default_rng(10)
+    memory = open_memory(hot_capacity=100)
+    x = unit_rows(rng, 30)
+    memory.add(["a"] * 10, vectors=x[:10], ids=list(range(10)), namespace="n")
+    os.kill(sidecar_pid(memory), signal.SIGKILL)
+    time.sleep(0.1)
+    acknowledged = memory.add(["b"] * 10, vectors=x[10:20], ids=list(range(10, 20)), namespace="n")
+    assert acknowledged == list(range(10, 20))
+    # searches keep answering (from the cold tier, or a restarted sidecar) with every acknowledged row
+    for i in (3, 15):
+        assert memory.search(x[i], k=1, namespace="n")[0].id == i
+    time.sleep(1.1)  # past the reconnect back-off
+    memory.add(["c"] * 10, vectors=x[20:], ids=list(range(20, 30)), namespace="n")
+    assert memory.count("n") == 30
+    hits = memory.search(x[15], k=1, namespace="n")
+    assert hits[0].id == 15 and hits[0].tier == "hot", "a new sidecar re-warmed from the cold tier"
+    assert memory.stats()["hot_rows"] == 30
+
+
+def _other_process_adds(path: str, q: list[float], queue) -> None:
+    try:
+        memory = TieredMemory(path, dim=DIM, embedder=None, device="cpu", orphan_grace_s=2.0)
+        memory.add(["from the child"], vectors=np.array([q], dtype=np.float32), ids=[777], namespace="shared")
+        hits = memory.search(np.array(q, dtype=np.float32), k=5, namespace="shared")
+        queue.put(sorted(h.id for h in hits))
+        memory.close()
+    except Exception as exc:
+        queue.put(repr(exc))
+
+
+def test_two_processes_share_one_store_and_one_sidecar(open_memory, tmp_path):
+    rng = np.random.default_rng(12)
+    memory = open_memory(tmp_path / "shared")
+    x = unit_rows(rng, 3)
+    memory.add(["from the parent"] * 3, vectors=x, ids=[1, 2, 3], namespace="shared")
+    pid_before = sidecar_pid(memory)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_other_process_adds, args=(str(tmp_path / "shared"), x[0].tolist(), queue))
+    child.start()
+    child_saw = queue.get(timeout=120)
+    child.join(30)
+    assert child_saw == [1, 2, 3, 777]
+    assert sidecar_pid(memory) == pid_before, "the child attached to the running sidecar"
+    hits = memory.search(x[0], k=5, namespace="shared")
+    assert sorted(h.id for h in hits) == [1, 2, 3, 777]
+
+
+def _open_and_die(path: str, ready) -> None:
+    TieredMemory(path, dim=DIM, embedder=None, device="cpu", orphan_grace_s=1.0)
+    ready.set()
+    time.sleep(60)
+
+
+def test_sidecar_exits_after_its_last_client_dies(tmp_path):
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    child = ctx.Process(target=_open_and_die, args=(str(tmp_path / "s"), ready))
+    child.start()
+    assert ready.wait(120)
+    name = TieredMemory.__new__(TieredMemory)  # only to compute the name the child used
+    import hashlib
+    digest = hashlib.blake2b(str((tmp_path / "s").resolve()).encode(), digest_size=8).hexdigest()
+    path = segment_path(f"store-{os.getuid()}-{digest}")
+    with HotTier.attach(path.name.removeprefix("tiered-recall.")) as hot:
+        pid = hot.owner_pid
+    child.kill()
+    child.join(10)
+    deadline = time.monotonic() + 8
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pid_alive(pid), "the orphaned sidecar is still running"
+    assert not path.exists()
+    del name
