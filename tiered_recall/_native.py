@@ -76,6 +76,12 @@ def client_library() -> C.CDLL:
         C.c_int64,  # spin_ns
         C.POINTER(L.CallResult),
     ]
+    lib.tr_client_search.restype = C.c_int
+    lib.tr_client_search.argtypes = [
+        C.c_void_p, C.c_int32, C.c_uint32, C.c_uint32, C.c_uint32, C.c_uint64,  # base pid flags k nq ns
+        C.c_void_p, C.c_void_p, C.c_void_p,  # queries ids scores
+        C.c_int64, C.c_int64, C.POINTER(L.CallResult),
+    ]
     if lib.tr_client_abi_version() != L.LAYOUT_VERSION:
         raise SidecarUnavailable(
             f"libtrclient speaks layout {lib.tr_client_abi_version()}, the Python package "

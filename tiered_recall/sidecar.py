@@ -11,8 +11,8 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -72,14 +72,19 @@ def _as_ids(ids: Sequence[int] | np.ndarray, what: str = "ids") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-@dataclass(frozen=True)
 class SearchResult:
     """ids: (nq, k) int64, -1 past the hits; scores: (nq, k) float32; hits: valid entries per query."""
 
-    ids: np.ndarray
-    scores: np.ndarray
-    hits: int
-    service_ns: int
+    __slots__ = ("ids", "scores", "hits", "service_ns")
+
+    def __init__(self, ids: np.ndarray, scores: np.ndarray, hits: int, service_ns: int) -> None:
+        self.ids = ids
+        self.scores = scores
+        self.hits = hits
+        self.service_ns = service_ns
+
+    def __repr__(self) -> str:
+        return f"SearchResult(hits={self.hits}, ids={self.ids!r}, scores={self.scores!r})"
 
 
 class HotTier:
@@ -96,6 +101,8 @@ class HotTier:
         self._timeout_ns = int(self.timeout_s * 1e9)
         self._spin_ns = int(spin_us * 1e3)
         self._lib = client_library()
+        self._search_fn = self._lib.tr_client_search
+        self._tls = threading.local()
         self._pid = os.getpid()
         path = segment_path(name)
         try:
@@ -157,6 +164,12 @@ class HotTier:
 
     # ---- plumbing ----
 
+    def _new_scratch(self) -> tuple:
+        qbuf = np.empty(self.dim, dtype=np.float32)
+        idbuf = np.empty(self.max_k, dtype=np.int64)
+        scbuf = np.empty(self.max_k, dtype=np.float32)
+        return qbuf, qbuf.ctypes.data, idbuf, idbuf.ctypes.data, scbuf, scbuf.ctypes.data
+
     def _call(self, opcode: int, *, flags: int = 0, k: int = 0, count: int = 0, ns_hash: int = 0,
               payload: np.ndarray | None = None, out: np.ndarray | None = None, out_offset: int = 0) -> L.CallResult:
         if self._mm is None:
@@ -171,13 +184,17 @@ class HotTier:
         if rc != L.CALL_OK:
             raise self._call_error(rc)
         if result.status != L.OK:
-            message = result.message.decode("utf-8", "replace")
-            if result.status == L.E_FULL:
-                raise HotTierFull(message)
-            if result.status in _INVALID_STATUSES:
-                raise InvalidInput(message)
-            raise SidecarError(f"sidecar error {result.status}: {message}")
+            raise self._status_error(result)
         return result
+
+    @staticmethod
+    def _status_error(result: L.CallResult) -> Exception:
+        message = result.message.decode("utf-8", "replace")
+        if result.status == L.E_FULL:
+            return HotTierFull(message)
+        if result.status in _INVALID_STATUSES:
+            return InvalidInput(message)
+        return SidecarError(f"sidecar error {result.status}: {message}")
 
     def _call_error(self, rc: int) -> Exception:
         pid = self._header.owner_pid
@@ -229,12 +246,31 @@ class HotTier:
         if namespace_hash is not None:
             flags |= L.FLAG_NS_FILTER
             ns = int(namespace_hash) & _MASK64
-        out = np.empty(nq * k * 12, dtype=np.uint8)
-        res = self._call(L.OP_SEARCH, flags=flags, k=k, count=nq, ns_hash=ns, payload=q, out=out,
-                         out_offset=L.search_result_offset(nq, self.dim))
-        ids = out[: nq * k * 8].view(np.int64).reshape(nq, k)
-        scores = out[nq * k * 8:].view(np.float32).reshape(nq, k)
-        return SearchResult(ids, scores, int(res.reply_count), int(res.service_ns))
+        if self._mm is None:
+            raise SidecarUnavailable("this HotTier is closed: attach again")
+        result = L.CallResult()
+        if nq == 1:
+            # Per-thread scratch with cached addresses: taking an array's address costs ~1 us in
+            # numpy, copying a query or k results costs a fraction of that.
+            scratch = getattr(self._tls, "scratch", None)
+            if scratch is None:
+                scratch = self._tls.scratch = self._new_scratch()
+            qbuf, qptr, idbuf, idptr, scbuf, scptr = scratch
+            qbuf[:] = q if q.ndim == 1 else q[0]
+            rc = self._search_fn(self._base, self._pid, flags, k, 1, ns, qptr, idptr, scptr,
+                                 self._timeout_ns, self._spin_ns, C.byref(result))
+            ids = idbuf[:k].reshape(1, k).copy()
+            scores = scbuf[:k].reshape(1, k).copy()
+        else:
+            ids = np.empty((nq, k), dtype=np.int64)
+            scores = np.empty((nq, k), dtype=np.float32)
+            rc = self._search_fn(self._base, self._pid, flags, k, nq, ns, q.ctypes.data, ids.ctypes.data,
+                                 scores.ctypes.data, self._timeout_ns, self._spin_ns, C.byref(result))
+        if rc != L.CALL_OK:
+            raise self._call_error(rc)
+        if result.status != L.OK:
+            raise self._status_error(result)
+        return SearchResult(ids, scores, result.reply_count, result.service_ns)
 
     def upsert(self, ids: Sequence[int] | np.ndarray, vectors: np.ndarray, namespace_hashes: Sequence[int] | np.ndarray | int,
                *, created_at_us: Sequence[int] | np.ndarray | None = None, normalize: bool = False) -> np.ndarray:

@@ -82,14 +82,16 @@ static void abandon(tr_slot *slot) {
     }
 }
 
-int tr_client_call(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uint32_t k, uint32_t count,
-                   uint64_t ns_hash, const void *in, uint64_t in_bytes, void *out, uint64_t out_offset,
-                   uint64_t out_bytes, int64_t timeout_ns, int64_t spin_ns, tr_call_result *result) {
+/* Claims a slot, publishes the request and waits for the answer. On TR_CALL_OK the slot is
+ * still held (state DONE) and *out_slot points at it: the caller copies the reply out, then
+ * calls release_slot. */
+static int request(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uint32_t k, uint32_t count,
+                   uint64_t ns_hash, const void *in, uint64_t in_bytes, int64_t timeout_ns, int64_t spin_ns,
+                   tr_call_result *result, tr_slot **out_slot) {
     tr_header *h = base;
     memset(result, 0, offsetof(tr_call_result, message));
     result->message[0] = '\0';
-    if (in_bytes > h->slot_payload_bytes || out_offset + out_bytes > h->slot_payload_bytes)
-        return TR_CALL_TOO_LARGE;
+    if (in_bytes > h->slot_payload_bytes) return TR_CALL_TOO_LARGE;
     if (!server_alive(h)) return TR_CALL_NOT_READY;
     const uint64_t start = tr_now_ns();
     const uint64_t deadline = start + (uint64_t)(timeout_ns > 0 ? timeout_ns : 0);
@@ -128,8 +130,7 @@ int tr_client_call(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uin
     slot->status = 0;
     slot->reply_count = 0;
     slot->client_waiting = 0;
-    uint32_t seq = slot->seq + 1;
-    slot->seq = seq;
+    slot->seq = slot->seq + 1;
     if (in_bytes) memcpy(tr_slot_payload(slot), in, in_bytes);
     tr_store_release(&slot->state, (uint32_t)TR_SLOT_REQUEST);
     __atomic_fetch_add(&h->doorbell, 1, __ATOMIC_SEQ_CST);
@@ -172,8 +173,39 @@ int tr_client_call(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uin
     if (slot->status != TR_OK) {
         memcpy(result->message, slot->message, TR_MESSAGE_BYTES);
         result->message[TR_MESSAGE_BYTES - 1] = '\0';
-    } else if (out_bytes) {
-        memcpy(out, tr_slot_payload(slot) + out_offset, out_bytes);
+    }
+    *out_slot = slot;
+    return TR_CALL_OK;
+}
+
+int tr_client_call(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uint32_t k, uint32_t count,
+                   uint64_t ns_hash, const void *in, uint64_t in_bytes, void *out, uint64_t out_offset,
+                   uint64_t out_bytes, int64_t timeout_ns, int64_t spin_ns, tr_call_result *result) {
+    tr_header *h = base;
+    if (out_offset + out_bytes > h->slot_payload_bytes) return TR_CALL_TOO_LARGE;
+    tr_slot *slot = NULL;
+    int rc = request(base, pid, opcode, flags, k, count, ns_hash, in, in_bytes, timeout_ns, spin_ns, result, &slot);
+    if (rc != TR_CALL_OK) return rc;
+    if (result->status == TR_OK && out_bytes) memcpy(out, tr_slot_payload(slot) + out_offset, out_bytes);
+    release_slot(slot);
+    return TR_CALL_OK;
+}
+
+/* One search, results straight into the caller's ids (nq x k) and scores (nq x k) arrays. */
+int tr_client_search(void *base, int32_t pid, uint32_t flags, uint32_t k, uint32_t nq, uint64_t ns_hash,
+                     const float *queries, int64_t *ids, float *scores, int64_t timeout_ns, int64_t spin_ns,
+                     tr_call_result *result) {
+    tr_header *h = base;
+    uint64_t in_bytes = (uint64_t)nq * h->dim * sizeof(float);
+    if (TR_SEARCH_BYTES(nq, h->dim, k) > h->slot_payload_bytes) return TR_CALL_TOO_LARGE;
+    tr_slot *slot = NULL;
+    int rc = request(base, pid, TR_OP_SEARCH, flags, k, nq, ns_hash, queries, in_bytes, timeout_ns, spin_ns,
+                     result, &slot);
+    if (rc != TR_CALL_OK) return rc;
+    if (result->status == TR_OK) {
+        const unsigned char *out = tr_slot_payload(slot) + TR_SEARCH_RESULT_OFFSET(nq, h->dim);
+        memcpy(ids, out, (size_t)nq * k * sizeof(int64_t));
+        memcpy(scores, out + (size_t)nq * k * sizeof(int64_t), (size_t)nq * k * sizeof(float));
     }
     release_slot(slot);
     return TR_CALL_OK;
