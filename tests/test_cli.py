@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -16,6 +17,8 @@ from tiered_recall.cli import app
 from tiered_recall.sidecar import HotTier, segment_path
 
 runner = CliRunner()
+# The installed console script: `python -m` from the checkout would import the source tree instead.
+CLI = str(Path(sys.executable).parent / "tiered-recall")
 
 
 @pytest.fixture
@@ -97,7 +100,7 @@ def test_errors_are_clear_and_exit_non_zero(store):
 
 
 def test_demo_prints_hits_and_tiers(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "tiered_recall.cli", "demo", "--store", str(tmp_path / "demo"),
+    result = subprocess.run([CLI, "demo", "--store", str(tmp_path / "demo"),
                              "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "seasick" in result.stdout  # the first demo query finds the boat-tour memory
@@ -105,7 +108,7 @@ def test_demo_prints_hits_and_tiers(tmp_path):
 
 
 def test_serve_runs_a_sidecar_in_the_foreground(segment_name):
-    proc = subprocess.Popen([sys.executable, "-m", "tiered_recall.cli", "serve", "--name", segment_name, "--dim", "8",
+    proc = subprocess.Popen([CLI, "serve", "--name", segment_name, "--dim", "8",
                              "--capacity", "10"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20

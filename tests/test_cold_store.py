@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -184,7 +185,10 @@ def test_background_compaction_yields_to_another_process_holding_the_lock(tmp_pa
 
 def _run_child(code: str) -> dict:
     # A fresh interpreter (spawn semantics): never fork a process that has LanceDB initialised.
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    # cwd away from the checkout: `-c` puts the cwd first on sys.path, and the source tree's
+    # tiered_recall/ (without storage/ mapped in) would shadow the installed package.
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60,
+                          cwd=tempfile.gettempdir())
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

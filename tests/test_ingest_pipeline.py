@@ -176,7 +176,8 @@ def test_sigkill_then_rerun_ends_exactly_like_one_clean_run(embedder: WordLlamaE
     killed_db = tmp_path / "killed.sqlite"
     process = subprocess.Popen(
         [sys.executable, "-c", KILL_SCRIPT.format(tests=str(TESTS), db=str(killed_db), data=str(data))],
-        env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        cwd=tmp_path,  # not the checkout: its source tree would shadow the installed package
     )
     try:
         deadline = time.monotonic() + 60
