@@ -1,0 +1,57 @@
+"""A small CUDA-sidecar workload for compute-sanitizer (memcheck, racecheck): writes, moves, searches.
+
+Run by benchmarks/gpu_session.sh with TIERED_RECALL_BIN_DIR pointing at a wrapper that starts
+tr-sidecar under compute-sanitizer. The sidecar exits by itself once this client detaches
+(--exit-when-orphaned), so the sanitizer prints its summary. Exits non-zero on a wrong answer.
+"""
+from __future__ import annotations
+
+import sys
+import uuid
+
+import numpy as np
+
+from tiered_recall.sidecar import HotTier, start_sidecar
+
+
+def main() -> int:
+    rng = np.random.default_rng(0)
+    bad = 0
+    for dim, dtype in ((100, "f16"), (1100, "f32")):
+        n = 3000
+        name = f"san-{uuid.uuid4().hex[:8]}"
+        proc = start_sidecar(name, dim=dim, capacity=n, dtype=dtype, backend="cuda", exit_when_orphaned_s=1,
+                             ready_timeout_s=300)
+        hot = HotTier.attach(name, timeout_s=300)
+        x = rng.standard_normal((n, dim)).astype(np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        ids = np.arange(n, dtype=np.int64) * 3 + 1
+        ns = np.array([11, 12], dtype=np.uint64)[rng.integers(0, 2, size=n)]
+        hot.upsert(ids, x, ns)
+        gone = ids[::7]
+        hot.delete(gone)
+        keep = np.ones(n, bool)
+        keep[::7] = False
+        stored = x.astype(np.float16).astype(np.float32) if dtype == "f16" else x
+        for k, nq, filt in ((10, 1, None), (256, 1, 11), (5, 3, None)):
+            q = rng.standard_normal((nq, dim)).astype(np.float32)
+            q /= np.linalg.norm(q, axis=1, keepdims=True)
+            r = hot.search(q[0] if nq == 1 else q, k=k, namespace_hash=filt)
+            for i in range(nq):
+                s = stored @ q[i]
+                mask = keep & ((ns == filt) if filt is not None else True)
+                s = np.where(mask, s, -np.inf)
+                top = np.sort(s)[::-1][:k]
+                if not np.allclose(r.scores[i][: len(top)], top, atol=3e-3):
+                    print(f"dim {dim} k {k} nq {nq} filter {filt}: wrong scores", file=sys.stderr)
+                    bad += 1
+        hot.close()
+        code = proc.popen.wait(timeout=600)
+        print(f"dim {dim} {dtype}: sidecar exited with {code}")
+        bad += code != 0
+    print("workload", "FAILED" if bad else "ok")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

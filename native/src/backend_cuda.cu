@@ -1,0 +1,708 @@
+/* The CUDA backend: hot vectors in device memory (f16 or f32), exact top-k in one fused pass.
+ *
+ * Search path (launch per request, host thread drives it):
+ *   - the query (unit-normalised f32, already checked by the server) travels inside the kernel's
+ *     parameters when dim <= TR_CUDA_INLINE_DIM (no copy at all); larger dims or several queries
+ *     go through one pinned host buffer that the kernel reads through its mapped device pointer;
+ *   - each block stages the query into shared memory once, scores its contiguous run of rows
+ *     (16-byte loads, two rows in flight per warp, namespace filter in the same pass) and keeps
+ *     its own top-k in a shared candidate buffer (admit >= threshold, bitonic flush when full);
+ *   - the last block to finish (threadfence + ticket) merges the per-block lists, pruned by the
+ *     best per-block k-th score, and writes ids, scores and the hit count straight into pinned,
+ *     mapped host memory; the host synchronises once (spin) and copies k results out.
+ * Writes: rows are converted on the host into a pinned staging buffer and scattered by one kernel
+ * per batch on the same stream as searches, so a search never sees a half-written row; the row
+ * count used by a search is the host's, published only after the write was enqueued before it.
+ *
+ * Order: best first, equal scores by smaller id (the CPU backend's order, backend_cpu.c).
+ * Compile report: nvcc -Xptxas=-v (CMakeLists.txt adds it); the kernels must show 0 spill bytes.
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "tiered_recall/layout.h"
+
+#define TR_CUDA_BLOCK 256                 /* threads per scan block: 8 warps */
+#define TR_CUDA_WARPS (TR_CUDA_BLOCK / 32)
+#define TR_CUDA_ROWS_PER_WARP 16           /* rows one warp scores per round */
+#define TR_CUDA_ROUND (TR_CUDA_WARPS * TR_CUDA_ROWS_PER_WARP) /* 128 rows per block round */
+#define TR_CUDA_CAND 512                   /* candidate buffer; >= TR_MAX_K + TR_CUDA_ROUND */
+#define TR_CUDA_MIN_ROWS_PER_BLOCK 32
+#define TR_CUDA_BLOCKS_PER_SM 2
+#define TR_CUDA_MAX_GRID (2 * TR_CUDA_BLOCK) /* the merge walks at most two lists per thread */
+#define TR_CUDA_INLINE_DIM 1024            /* queries up to this dim ride in kernel parameters */
+#define TR_CUDA_CHUNK 4                    /* 16-byte loads per lane per step of a row */
+
+static_assert(TR_CUDA_CAND >= TR_MAX_K + TR_CUDA_ROUND, "candidate buffer too small for max k");
+static_assert((TR_CUDA_CAND & (TR_CUDA_CAND - 1)) == 0, "candidate buffer must be a power of two");
+
+#define CUDA_TRY(call)                                                                            \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            snprintf(err, errlen, "CUDA error %s (%s) at %s:%d in %s", cudaGetErrorName(e_),      \
+                     cudaGetErrorString(e_), __FILE__, __LINE__, #call);                          \
+            return TR_E_INTERNAL;                                                                 \
+        }                                                                                         \
+    } while (0)
+
+/* ------------------------------------------------------------------------------------------ */
+/* device code                                                                                 */
+
+struct SearchParams {
+    const uint4 *X;          /* rows x nvec uint4 */
+    const int64_t *ids;      /* row -> id */
+    const uint64_t *ns;      /* row -> namespace hash */
+    const float *qptr;       /* device view of the query (non-inline variant) */
+    float *part_s;           /* grid x k partial scores */
+    long long *part_id;      /* grid x k partial ids */
+    unsigned *part_n;        /* grid */
+    unsigned *done;          /* ticket counter, reset by the last block */
+    long long *out_ids;      /* mapped host memory: k ids */
+    float *out_s;            /* mapped host memory: k scores */
+    unsigned *out_hits;      /* mapped host memory: 1 */
+    unsigned long long rows;
+    unsigned long long rows_per_block;
+    unsigned long long ns_hash;
+    unsigned nvec;           /* uint4 per row */
+    unsigned ld;             /* elements per row (padded) */
+    unsigned dim;
+    unsigned k;
+    int filter;
+};
+
+template <int N>
+struct QueryInline {
+    float q[N];
+};
+
+struct Cand {
+    float s[TR_CUDA_CAND];
+    long long id[TR_CUDA_CAND];
+    unsigned n;
+    float thresh;
+};
+
+/* a is better than b: higher score, then smaller id. */
+__device__ __forceinline__ bool better(float sa, long long ia, float sb, long long ib) {
+    return sa > sb || (sa == sb && ia < ib);
+}
+
+/* Sorts c.s/c.id[0, n) best first (bitonic over the next power of two), keeps min(n, k). */
+__device__ void flush(Cand &c, unsigned k) {
+    __syncthreads();
+    const unsigned n = c.n < TR_CUDA_CAND ? c.n : TR_CUDA_CAND;
+    unsigned n2 = 2;
+    while (n2 < n) n2 <<= 1;
+    for (unsigned i = n + threadIdx.x; i < n2; i += blockDim.x) {
+        c.s[i] = -INFINITY;
+        c.id[i] = LLONG_MAX;
+    }
+    __syncthreads();
+    for (unsigned size = 2; size <= n2; size <<= 1) {
+        for (unsigned stride = size >> 1; stride > 0; stride >>= 1) {
+            for (unsigned i = threadIdx.x; i < n2 / 2; i += blockDim.x) {
+                unsigned lo = 2 * i - (i & (stride - 1));
+                unsigned hi = lo + stride;
+                bool best_first = (lo & size) == 0;
+                float sl = c.s[lo], sh = c.s[hi];
+                long long il = c.id[lo], ih = c.id[hi];
+                if (better(sh, ih, sl, il) == best_first) {
+                    c.s[lo] = sh; c.s[hi] = sl;
+                    c.id[lo] = ih; c.id[hi] = il;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (threadIdx.x == 0) {
+        unsigned kept = n < k ? n : k;
+        c.n = kept;
+        c.thresh = kept == k ? c.s[k - 1] : -INFINITY;
+    }
+    __syncthreads();
+}
+
+template <typename T> struct Elem;
+template <> struct Elem<__half> {
+    static constexpr int per_vec = 8;
+    static __device__ __forceinline__ float dot(uint4 v, const float *q) {
+        const float4 a = *reinterpret_cast<const float4 *>(q);
+        const float4 b = *reinterpret_cast<const float4 *>(q + 4);
+        const __half2 *h = reinterpret_cast<const __half2 *>(&v);
+        float2 x0 = __half22float2(h[0]), x1 = __half22float2(h[1]);
+        float2 x2 = __half22float2(h[2]), x3 = __half22float2(h[3]);
+        float acc = x0.x * a.x;
+        acc = fmaf(x0.y, a.y, acc); acc = fmaf(x1.x, a.z, acc); acc = fmaf(x1.y, a.w, acc);
+        acc = fmaf(x2.x, b.x, acc); acc = fmaf(x2.y, b.y, acc); acc = fmaf(x3.x, b.z, acc);
+        acc = fmaf(x3.y, b.w, acc);
+        return acc;
+    }
+};
+template <> struct Elem<float> {
+    static constexpr int per_vec = 4;
+    static __device__ __forceinline__ float dot(uint4 v, const float *q) {
+        const float4 a = *reinterpret_cast<const float4 *>(q);
+        float acc = __uint_as_float(v.x) * a.x;
+        acc = fmaf(__uint_as_float(v.y), a.y, acc);
+        acc = fmaf(__uint_as_float(v.z), a.z, acc);
+        acc = fmaf(__uint_as_float(v.w), a.w, acc);
+        return acc;
+    }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Scores TR_CUDA_ROWS rows r[i] (valid flags v[i]) with the whole warp: all loads first, then math. */
+#define TR_CUDA_ROWS 4
+static_assert(TR_CUDA_ROWS_PER_WARP % TR_CUDA_ROWS == 0, "whole row groups per round");
+template <typename T>
+__device__ __forceinline__ void score_rows(const SearchParams &p, const float *qs, const unsigned long long *r,
+                                           const bool *v, float *sc) {
+    const unsigned lane = threadIdx.x & 31u;
+    float acc[TR_CUDA_ROWS];
+#pragma unroll
+    for (int j = 0; j < TR_CUDA_ROWS; j++) acc[j] = 0.f;
+    for (unsigned c0 = 0; c0 < p.nvec; c0 += 32u * TR_CUDA_CHUNK) {
+        uint4 x[TR_CUDA_ROWS][TR_CUDA_CHUNK];
+#pragma unroll
+        for (int u = 0; u < TR_CUDA_CHUNK; u++) {
+            unsigned c = c0 + u * 32u + lane;
+            bool in = c < p.nvec;
+#pragma unroll
+            for (int j = 0; j < TR_CUDA_ROWS; j++)
+                x[j][u] = (in && v[j]) ? __ldg(p.X + r[j] * p.nvec + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < TR_CUDA_CHUNK; u++) {
+            unsigned c = c0 + u * 32u + lane;
+            if (c < p.nvec) {
+                const float *q = qs + (size_t)c * Elem<T>::per_vec;
+#pragma unroll
+                for (int j = 0; j < TR_CUDA_ROWS; j++) acc[j] += Elem<T>::dot(x[j][u], q);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < TR_CUDA_ROWS; j++) sc[j] = warp_sum(acc[j]);
+}
+
+__device__ __forceinline__ void admit(Cand &c, const SearchParams &p, float s, unsigned long long r) {
+    if (s >= c.thresh) {
+        unsigned pos = atomicAdd(&c.n, 1u);
+        c.s[pos] = s;
+        c.id[pos] = (long long)p.ids[r];
+    }
+}
+
+template <typename T, int QN>
+__global__ void __launch_bounds__(TR_CUDA_BLOCK, TR_CUDA_BLOCKS_PER_SM)
+search_kernel(const __grid_constant__ SearchParams p, const __grid_constant__ QueryInline<QN> qin) {
+    extern __shared__ float4 smem_q4[];
+    float *qs = reinterpret_cast<float *>(smem_q4);
+    __shared__ Cand cand;
+    __shared__ bool is_last;
+
+    /* Stage the query once: from the parameters, or with 16-byte loads from its device view. */
+    if (QN > 1) {
+        for (unsigned i = threadIdx.x; i < p.ld; i += blockDim.x) qs[i] = i < p.dim ? qin.q[i] : 0.f;
+    } else {
+        const unsigned n4 = p.ld / 4; /* ld is a multiple of 4; the pinned buffer is padded */
+        const float4 *src = reinterpret_cast<const float4 *>(p.qptr);
+        for (unsigned i = threadIdx.x; i < n4; i += blockDim.x) smem_q4[i] = src[i];
+    }
+    if (threadIdx.x == 0) {
+        cand.n = 0;
+        cand.thresh = -INFINITY;
+    }
+    __syncthreads();
+
+    const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const unsigned long long start = (unsigned long long)blockIdx.x * p.rows_per_block;
+    unsigned long long end = start + p.rows_per_block;
+    if (end > p.rows) end = p.rows;
+    for (unsigned long long base = start; base < end; base += TR_CUDA_ROUND) {
+#pragma unroll 1
+        for (unsigned i = 0; i < TR_CUDA_ROWS_PER_WARP; i += TR_CUDA_ROWS) {
+            unsigned long long r[TR_CUDA_ROWS];
+            bool v[TR_CUDA_ROWS];
+            bool any = false;
+#pragma unroll
+            for (int j = 0; j < TR_CUDA_ROWS; j++) {
+                r[j] = base + warp + (unsigned long long)(i + j) * TR_CUDA_WARPS;
+                v[j] = r[j] < end;
+                if (p.filter) v[j] = v[j] && p.ns[r[j]] == p.ns_hash;
+                any = any || v[j];
+            }
+            if (r[0] >= end) break; /* rows only grow with i: warp-uniform exit */
+            if (!any) continue;
+            float sc[TR_CUDA_ROWS];
+            score_rows<T>(p, qs, r, v, sc);
+            if (lane == 0) {
+#pragma unroll
+                for (int j = 0; j < TR_CUDA_ROWS; j++)
+                    if (v[j]) admit(cand, p, sc[j], r[j]);
+            }
+        }
+        __syncthreads();
+        if (cand.n > TR_CUDA_CAND - TR_CUDA_ROUND) flush(cand, p.k);
+    }
+    flush(cand, p.k);
+
+    /* Publish this block's list, then the last block to finish merges all of them. */
+    const unsigned G = gridDim.x;
+    for (unsigned j = threadIdx.x; j < cand.n; j += blockDim.x) {
+        p.part_s[(size_t)blockIdx.x * p.k + j] = cand.s[j];
+        p.part_id[(size_t)blockIdx.x * p.k + j] = cand.id[j];
+    }
+    if (threadIdx.x == 0) p.part_n[blockIdx.x] = cand.n;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned ticket = atomicAdd(p.done, 1u);
+        is_last = ticket == G - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+
+    /* Any block holding k entries bounds the global k-th score from below: prune with the best
+     * such bound. */
+    __shared__ float bound;
+    if (threadIdx.x == 0) bound = -INFINITY;
+    __syncthreads();
+    {
+        float local = -INFINITY;
+        for (unsigned b = threadIdx.x; b < G; b += blockDim.x) {
+            unsigned n = __ldcg(p.part_n + b);
+            if (n == p.k) local = fmaxf(local, __ldcg(p.part_s + (size_t)b * p.k + p.k - 1));
+        }
+        local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, 16));
+        local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, 8));
+        local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, 4));
+        local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, 2));
+        local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, 1));
+        if (lane == 0 && local > -INFINITY) {
+            /* float max through int compare works for non-negative; use a CAS loop for all signs */
+            float old = bound;
+            while (local > old) {
+                int prev = atomicCAS(reinterpret_cast<int *>(&bound), __float_as_int(old), __float_as_int(local));
+                if (prev == __float_as_int(old)) break;
+                old = __int_as_float(prev);
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        cand.n = 0;
+        cand.thresh = -INFINITY;
+    }
+    __syncthreads();
+    const float prune = bound;
+    /* Each list is sorted best first, so its useful part is a prefix: thread t walks lists t and
+     * t + blockDim.x while scores stay >= the bound. When the buffer fills, flush and go on. */
+    __shared__ int overflow;
+    unsigned cursor[2] = {0, 0};
+    for (;;) {
+        if (threadIdx.x == 0) overflow = 0;
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const unsigned b = threadIdx.x + i * blockDim.x;
+            if (b >= G) continue;
+            const unsigned n = __ldcg(p.part_n + b);
+            while (cursor[i] < n) {
+                const size_t e = (size_t)b * p.k + cursor[i];
+                const float s = __ldcg(p.part_s + e);
+                if (s < prune || s < cand.thresh) {
+                    cursor[i] = n;
+                    break;
+                }
+                const unsigned pos = atomicAdd(&cand.n, 1u);
+                if (pos >= TR_CUDA_CAND) {
+                    overflow = 1;
+                    break;
+                }
+                cand.s[pos] = s;
+                cand.id[pos] = __ldcg(p.part_id + e);
+                cursor[i]++;
+            }
+        }
+        __syncthreads();
+        const int again = overflow; /* flush clamps cand.n: reservations past the end wrote nothing */
+        flush(cand, p.k); /* starts and ends with a barrier: every thread has read `overflow` */
+        if (!again) break;
+    }
+    for (unsigned j = threadIdx.x; j < p.k; j += blockDim.x) {
+        bool have = j < cand.n;
+        p.out_ids[j] = have ? cand.id[j] : -1;
+        p.out_s[j] = have ? cand.s[j] : -INFINITY;
+    }
+    if (threadIdx.x == 0) {
+        *p.out_hits = cand.n;
+        *p.done = 0; /* ready for the next launch on this stream */
+    }
+}
+
+/* Writes n staged rows (already in the device dtype, padded to ld) into their row slots. */
+__global__ void scatter_rows(uint4 *X, int64_t *ids, uint64_t *ns, const uint4 *staged, const int64_t *sids,
+                             const uint64_t *sns, const uint64_t *rows, unsigned n, unsigned nvec) {
+    for (unsigned i = blockIdx.x; i < n; i += gridDim.x) {
+        const uint64_t r = rows[i];
+        for (unsigned c = threadIdx.x; c < nvec; c += blockDim.x) X[r * nvec + c] = staged[(size_t)i * nvec + c];
+        if (threadIdx.x == 0) {
+            ids[r] = sids[i];
+            ns[r] = sns[i];
+        }
+    }
+}
+
+__global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t dst, uint64_t src, unsigned nvec) {
+    for (unsigned c = threadIdx.x; c < nvec; c += blockDim.x) X[dst * nvec + c] = X[src * nvec + c];
+    if (threadIdx.x == 0) {
+        ids[dst] = ids[src];
+        ns[dst] = ns[src];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* host side                                                                                   */
+
+typedef struct cuda_backend {
+    uint32_t dim, dtype, max_k;
+    uint32_t nvec, ld, elem;
+    uint64_t capacity, rows;
+    int device, sms, grid_max;
+    cudaStream_t stream;
+    uint4 *X;
+    int64_t *ids;
+    uint64_t *ns;
+    float *part_s;
+    long long *part_id;
+    unsigned *part_n, *done;
+    /* pinned, mapped host buffers */
+    float *hq;             /* queries: max_queries x ld */
+    float *hq_dev;
+    uint32_t hq_cap;       /* queries */
+    long long *hres_ids;   /* max_queries x max_k */
+    float *hres_s;
+    unsigned *hres_hits;
+    long long *hres_ids_dev;
+    float *hres_s_dev;
+    unsigned *hres_hits_dev;
+    uint32_t hres_cap;     /* queries */
+    /* write staging: pinned mapped, reused once the last scatter finished */
+    unsigned char *hstage;
+    unsigned char *hstage_dev;
+    size_t hstage_cap;     /* rows */
+    cudaEvent_t stage_free;
+    int poison;            /* TR_CUDA_POISON=1: fill result buffers with garbage before each search */
+} cuda_backend;
+
+static void cuda_destroy(void *self);
+
+static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen) {
+    cuda_backend *b = (cuda_backend *)calloc(1, sizeof *b);
+    if (!b) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    b->dim = cfg->dim;
+    b->dtype = cfg->dtype;
+    b->capacity = cfg->capacity;
+    b->max_k = cfg->max_k;
+    b->device = cfg->device;
+    b->elem = cfg->dtype == TR_DTYPE_F16 ? 2 : 4;
+    const char *poison = getenv("TR_CUDA_POISON");
+    b->poison = poison && poison[0] == '1';
+    const uint32_t per_vec = 16 / b->elem;
+    b->nvec = (cfg->dim + per_vec - 1) / per_vec;
+    b->ld = b->nvec * per_vec;
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        snprintf(err, errlen, "no CUDA device is visible (%s): check nvidia-smi and CUDA_VISIBLE_DEVICES, "
+                 "or use --backend cpu", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        free(b);
+        return NULL;
+    }
+    if (cfg->device < 0 || cfg->device >= ndev) {
+        snprintf(err, errlen, "--device %d does not exist: %d CUDA device(s) visible", cfg->device, ndev);
+        free(b);
+        return NULL;
+    }
+#define CREATE_TRY(call)                                                                          \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            snprintf(err, errlen, "CUDA error %s (%s) at %s:%d in %s", cudaGetErrorName(e_),      \
+                     cudaGetErrorString(e_), __FILE__, __LINE__, #call);                          \
+            cuda_destroy(b);                                                                      \
+            return NULL;                                                                          \
+        }                                                                                         \
+    } while (0)
+    /* Spin while waiting: the search path waits a few microseconds, a yield costs more. */
+    if (cudaInitDevice(cfg->device, cudaDeviceScheduleSpin | cudaDeviceMapHost, 0) != cudaSuccess)
+        cudaGetLastError(); /* already initialised with other flags: still usable */
+    CREATE_TRY(cudaSetDevice(cfg->device));
+    CREATE_TRY(cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, cfg->device));
+    b->grid_max = b->sms * TR_CUDA_BLOCKS_PER_SM;
+    if (b->grid_max > TR_CUDA_MAX_GRID) b->grid_max = TR_CUDA_MAX_GRID;
+    CREATE_TRY(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
+    CREATE_TRY(cudaEventCreateWithFlags(&b->stage_free, cudaEventDisableTiming));
+    size_t cap = cfg->capacity ? cfg->capacity : 1;
+    e = cudaMalloc(&b->X, cap * b->nvec * sizeof(uint4));
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        snprintf(err, errlen, "cannot allocate %llu rows x %u (%s) on the GPU: %.1f GiB needed, %.1f GiB free; "
+                 "lower --capacity or use --dtype f16", (unsigned long long)cap, cfg->dim,
+                 cfg->dtype == TR_DTYPE_F16 ? "f16" : "f32", cap * b->nvec * 16.0 / (1 << 30), free_b / (double)(1 << 30));
+        cuda_destroy(b);
+        return NULL;
+    }
+    CREATE_TRY(cudaMalloc(&b->ids, cap * sizeof(int64_t)));
+    CREATE_TRY(cudaMalloc(&b->ns, cap * sizeof(uint64_t)));
+    CREATE_TRY(cudaMalloc(&b->part_s, (size_t)b->grid_max * b->max_k * sizeof(float)));
+    CREATE_TRY(cudaMalloc(&b->part_id, (size_t)b->grid_max * b->max_k * sizeof(long long)));
+    CREATE_TRY(cudaMalloc(&b->part_n, (size_t)b->grid_max * sizeof(unsigned)));
+    CREATE_TRY(cudaMalloc(&b->done, sizeof(unsigned)));
+    CREATE_TRY(cudaMemset(b->done, 0, sizeof(unsigned)));
+    CREATE_TRY(cudaDeviceSynchronize());
+    return b;
+#undef CREATE_TRY
+}
+
+static void cuda_destroy(void *self) {
+    cuda_backend *b = (cuda_backend *)self;
+    if (!b) return;
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    cudaFree(b->X); cudaFree(b->ids); cudaFree(b->ns);
+    cudaFree(b->part_s); cudaFree(b->part_id); cudaFree(b->part_n); cudaFree(b->done);
+    if (b->hq) cudaFreeHost(b->hq);
+    if (b->hres_ids) cudaFreeHost(b->hres_ids);
+    if (b->hres_s) cudaFreeHost(b->hres_s);
+    if (b->hres_hits) cudaFreeHost(b->hres_hits);
+    if (b->hstage) cudaFreeHost(b->hstage);
+    if (b->stage_free) cudaEventDestroy(b->stage_free);
+    if (b->stream) cudaStreamDestroy(b->stream);
+    free(b);
+}
+
+/* Bytes of one staged row: vector (ld elements) + id + ns, kept 16-byte aligned per section. */
+static int ensure_stage(cuda_backend *b, uint32_t n, char *err, size_t errlen) {
+    if (n <= b->hstage_cap) return 0;
+    CUDA_TRY(cudaStreamSynchronize(b->stream));
+    if (b->hstage) cudaFreeHost(b->hstage);
+    b->hstage = NULL;
+    b->hstage_cap = 0;
+    size_t cap = n < 256 ? 256 : n;
+    size_t bytes = cap * ((size_t)b->nvec * 16 + 8 + 8 + 8);
+    CUDA_TRY(cudaHostAlloc((void **)&b->hstage, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    CUDA_TRY(cudaHostGetDevicePointer((void **)&b->hstage_dev, b->hstage, 0));
+    b->hstage_cap = cap;
+    return 0;
+}
+
+static int cuda_write_rows(void *self, const uint64_t *rows, uint32_t n, const float *vectors,
+                           const int64_t *ids, const uint64_t *ns, char *err, size_t errlen) {
+    cuda_backend *b = (cuda_backend *)self;
+    if (n == 0) return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (rows[i] >= b->capacity) {
+            snprintf(err, errlen, "internal: row %llu beyond capacity", (unsigned long long)rows[i]);
+            return TR_E_INTERNAL;
+        }
+    }
+    int rc = ensure_stage(b, n, err, errlen);
+    if (rc) return rc;
+    /* the previous scatter may still read the staging buffer */
+    CUDA_TRY(cudaEventSynchronize(b->stage_free));
+    const size_t cap = b->hstage_cap;
+    unsigned char *vec = b->hstage;
+    int64_t *sids = (int64_t *)(b->hstage + cap * (size_t)b->nvec * 16);
+    uint64_t *sns = (uint64_t *)(sids + cap);
+    uint64_t *srows = sns + cap;
+    for (uint32_t i = 0; i < n; i++) {
+        const float *src = vectors + (size_t)i * b->dim;
+        if (b->dtype == TR_DTYPE_F16) {
+            __half *dst = (__half *)(vec + (size_t)i * b->nvec * 16);
+            for (uint32_t j = 0; j < b->dim; j++) dst[j] = __float2half_rn(src[j]);
+            for (uint32_t j = b->dim; j < b->ld; j++) dst[j] = __float2half_rn(0.f);
+        } else {
+            float *dst = (float *)(vec + (size_t)i * b->nvec * 16);
+            memcpy(dst, src, (size_t)b->dim * 4);
+            for (uint32_t j = b->dim; j < b->ld; j++) dst[j] = 0.f;
+        }
+        sids[i] = ids[i];
+        sns[i] = ns[i];
+        srows[i] = rows[i];
+    }
+    const unsigned char *dev = b->hstage_dev;
+    unsigned grid = n < 1024 ? n : 1024;
+    scatter_rows<<<grid, 128, 0, b->stream>>>(b->X, b->ids, b->ns, (const uint4 *)dev,
+                                              (const int64_t *)(dev + cap * (size_t)b->nvec * 16),
+                                              (const uint64_t *)(dev + cap * (size_t)b->nvec * 16 + cap * 8),
+                                              (const uint64_t *)(dev + cap * (size_t)b->nvec * 16 + cap * 16),
+                                              n, b->nvec);
+    CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(cudaEventRecord(b->stage_free, b->stream));
+    return 0;
+}
+
+static int cuda_move_row(void *self, uint64_t dst, uint64_t src, char *err, size_t errlen) {
+    cuda_backend *b = (cuda_backend *)self;
+    if (dst >= b->capacity || src >= b->capacity) {
+        snprintf(err, errlen, "internal: move %llu -> %llu beyond capacity", (unsigned long long)src,
+                 (unsigned long long)dst);
+        return TR_E_INTERNAL;
+    }
+    move_row_kernel<<<1, 128, 0, b->stream>>>(b->X, b->ids, b->ns, dst, src, b->nvec);
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+static int cuda_set_row_count(void *self, uint64_t rows, char *err, size_t errlen) {
+    cuda_backend *b = (cuda_backend *)self;
+    (void)err; (void)errlen;
+    /* Searches are enqueued on the same stream after the writes that made these rows. */
+    b->rows = rows;
+    return 0;
+}
+
+static int ensure_query_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen) {
+    if (nq > b->hq_cap) {
+        if (b->hq) cudaFreeHost(b->hq);
+        b->hq = NULL;
+        b->hq_cap = 0;
+        CUDA_TRY(cudaHostAlloc((void **)&b->hq, (size_t)nq * b->ld * sizeof(float) + 16,
+                               cudaHostAllocMapped | cudaHostAllocPortable));
+        CUDA_TRY(cudaHostGetDevicePointer((void **)&b->hq_dev, b->hq, 0));
+        b->hq_cap = nq;
+    }
+    if (nq > b->hres_cap) {
+        if (b->hres_ids) cudaFreeHost(b->hres_ids);
+        if (b->hres_s) cudaFreeHost(b->hres_s);
+        if (b->hres_hits) cudaFreeHost(b->hres_hits);
+        b->hres_ids = NULL; b->hres_s = NULL; b->hres_hits = NULL;
+        b->hres_cap = 0;
+        uint32_t cap = nq < 16 ? 16 : nq;
+        CUDA_TRY(cudaHostAlloc((void **)&b->hres_ids, (size_t)cap * b->max_k * sizeof(long long),
+                               cudaHostAllocMapped | cudaHostAllocPortable));
+        CUDA_TRY(cudaHostAlloc((void **)&b->hres_s, (size_t)cap * b->max_k * sizeof(float),
+                               cudaHostAllocMapped | cudaHostAllocPortable));
+        CUDA_TRY(cudaHostAlloc((void **)&b->hres_hits, (size_t)cap * sizeof(unsigned),
+                               cudaHostAllocMapped | cudaHostAllocPortable));
+        CUDA_TRY(cudaHostGetDevicePointer((void **)&b->hres_ids_dev, b->hres_ids, 0));
+        CUDA_TRY(cudaHostGetDevicePointer((void **)&b->hres_s_dev, b->hres_s, 0));
+        CUDA_TRY(cudaHostGetDevicePointer((void **)&b->hres_hits_dev, b->hres_hits, 0));
+        b->hres_cap = cap;
+    }
+    return 0;
+}
+
+template <typename T>
+static cudaError_t launch_one(cuda_backend *b, const SearchParams &p, unsigned grid, const float *q_host) {
+    const size_t smem = (size_t)b->ld * sizeof(float);
+    if (q_host) {
+        QueryInline<TR_CUDA_INLINE_DIM> qin;
+        memcpy(qin.q, q_host, (size_t)b->dim * sizeof(float));
+        search_kernel<T, TR_CUDA_INLINE_DIM><<<grid, TR_CUDA_BLOCK, smem, b->stream>>>(p, qin);
+    } else {
+        QueryInline<1> qin;
+        qin.q[0] = 0.f;
+        search_kernel<T, 1><<<grid, TR_CUDA_BLOCK, smem, b->stream>>>(p, qin);
+    }
+    return cudaGetLastError();
+}
+
+static int cuda_search(void *self, const float *queries, uint32_t nq, uint32_t k, int filter_ns,
+                       uint64_t ns_hash, int64_t *ids_out, float *scores_out, uint32_t *hits,
+                       char *err, size_t errlen) {
+    cuda_backend *b = (cuda_backend *)self;
+    *hits = 0;
+    if (k < 1 || k > b->max_k) {
+        snprintf(err, errlen, "k=%u is out of range: use 1 <= k <= %u", k, b->max_k);
+        return TR_E_BAD_K;
+    }
+    if (b->rows == 0 || nq == 0) {
+        for (size_t i = 0; i < (size_t)nq * k; i++) {
+            ids_out[i] = -1;
+            scores_out[i] = -INFINITY;
+        }
+        return 0;
+    }
+    int rc = ensure_query_buffers(b, nq, err, errlen);
+    if (rc) return rc;
+    const bool inline_q = b->dim <= TR_CUDA_INLINE_DIM && nq == 1;
+    if (!inline_q) {
+        for (uint32_t q = 0; q < nq; q++) {
+            float *dst = b->hq + (size_t)q * b->ld;
+            memcpy(dst, queries + (size_t)q * b->dim, (size_t)b->dim * sizeof(float));
+            for (uint32_t j = b->dim; j < b->ld; j++) dst[j] = 0.f;
+        }
+    }
+    if (b->poison) { /* tests: a result the kernel failed to write must not look valid */
+        memset(b->hres_ids, 0x7f, (size_t)nq * k * sizeof(long long));
+        memset(b->hres_s, 0x7f, (size_t)nq * k * sizeof(float));
+        memset(b->hres_hits, 0x7f, (size_t)nq * sizeof(unsigned));
+    }
+    uint64_t blocks = (b->rows + TR_CUDA_MIN_ROWS_PER_BLOCK - 1) / TR_CUDA_MIN_ROWS_PER_BLOCK;
+    unsigned grid = blocks < (uint64_t)b->grid_max ? (unsigned)blocks : (unsigned)b->grid_max;
+    SearchParams p;
+    memset(&p, 0, sizeof p);
+    p.X = b->X;
+    p.ids = b->ids;
+    p.ns = b->ns;
+    p.part_s = b->part_s;
+    p.part_id = b->part_id;
+    p.part_n = b->part_n;
+    p.done = b->done;
+    p.rows = b->rows;
+    p.rows_per_block = (b->rows + grid - 1) / grid;
+    p.ns_hash = ns_hash;
+    p.nvec = b->nvec;
+    p.ld = b->ld;
+    p.dim = b->dim;
+    p.k = k;
+    p.filter = filter_ns ? 1 : 0;
+    for (uint32_t q = 0; q < nq; q++) {
+        p.qptr = b->hq_dev + (size_t)q * b->ld;
+        p.out_ids = b->hres_ids_dev + (size_t)q * k;
+        p.out_s = b->hres_s_dev + (size_t)q * k;
+        p.out_hits = b->hres_hits_dev + q;
+        const float *qh = inline_q ? queries : NULL;
+        cudaError_t e = b->dtype == TR_DTYPE_F16 ? launch_one<__half>(b, p, grid, qh)
+                                                 : launch_one<float>(b, p, grid, qh);
+        CUDA_TRY(e);
+    }
+    CUDA_TRY(cudaStreamSynchronize(b->stream));
+    for (uint32_t q = 0; q < nq; q++) {
+        memcpy(ids_out + (size_t)q * k, b->hres_ids + (size_t)q * k, (size_t)k * sizeof(int64_t));
+        memcpy(scores_out + (size_t)q * k, b->hres_s + (size_t)q * k, (size_t)k * sizeof(float));
+    }
+    *hits = b->hres_hits[nq - 1];
+    return 0;
+}
+
+extern "C" const tr_backend_ops tr_cuda_backend = {
+    "cuda",
+    TR_BACKEND_CUDA,
+    cuda_create,
+    cuda_destroy,
+    cuda_write_rows,
+    cuda_move_row,
+    cuda_set_row_count,
+    cuda_search,
+};

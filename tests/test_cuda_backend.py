@@ -1,0 +1,164 @@
+"""The CUDA backend against the CPU reference, both through real sidecar processes.
+
+Every test starts one CUDA and one CPU sidecar on fresh random data (own segment names) and
+compares answers: hit counts equal, scores within f16 tolerance, ids equal up to near-ties.
+The CUDA sidecar runs with TR_CUDA_POISON=1, so a result the kernel failed to write shows up as
+garbage instead of a stale, plausible answer.
+"""
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from tiered_recall.sidecar import HotTier, start_sidecar
+
+pytestmark = pytest.mark.gpu
+
+NS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 7], dtype=np.uint64)
+
+
+def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    """pair(dim=, capacity=, dtype=) -> (cuda HotTier, cpu HotTier); both stopped afterwards."""
+    monkeypatch.setenv("TR_CUDA_POISON", "1")
+    started = []
+
+    def _pair(*, dim: int, capacity: int, dtype: str = "f16"):
+        tiers = []
+        for backend in ("cuda", "cpu"):
+            name = f"t-{uuid.uuid4().hex[:12]}"
+            proc = start_sidecar(name, dim=dim, capacity=capacity, dtype=dtype, backend=backend)
+            hot = HotTier.attach(name)
+            started.append((proc, hot))
+            tiers.append(hot)
+        return tiers[0], tiers[1]
+
+    yield _pair
+    for proc, hot in started:
+        hot.close()
+        proc.stop()
+
+
+def assert_same(got, ref, k: int, tol: float) -> None:
+    """Same hits; scores within tol (relative 1e-2 or tol absolute); ids equal except among near-ties."""
+    assert got.hits == ref.hits
+    nq = ref.ids.shape[0]
+    n = ref.hits
+    for qi in range(nq):
+        g_ids, g_s = got.ids[qi], got.scores[qi]
+        r_ids, r_s = ref.ids[qi], ref.scores[qi]
+        valid = int(np.sum(r_ids[:k] >= 0))
+        assert int(np.sum(g_ids[:k] >= 0)) == valid, "hit count per query"
+        assert np.all(g_ids[valid:] == -1) and np.all(np.isneginf(g_s[valid:])), "padding past the hits"
+        np.testing.assert_allclose(g_s[:valid], r_s[:valid], rtol=1e-2, atol=tol)
+        assert np.all(np.diff(g_s[:valid]) <= 0), "best first"
+        assert len(set(g_ids[:valid].tolist())) == valid, "no duplicate ids"
+        if valid == 0:
+            continue
+        # ids clearly above the reference's last score must be present in both
+        kth = r_s[valid - 1]
+        clear_ref = set(r_ids[:valid][r_s[:valid] > kth + 2 * tol].tolist())
+        assert clear_ref <= set(g_ids[:valid].tolist())
+        # equal-score neighbours: where scores differ by more than tol, order must agree exactly
+        for j in range(valid):
+            near = np.abs(r_s[:valid] - r_s[j]) <= 2 * tol
+            if near.sum() == 1 and j < valid - 1:
+                assert g_ids[j] == r_ids[j], f"query {qi} rank {j}"
+    assert n == ref.hits
+
+
+@pytest.mark.parametrize(
+    "dtype,dim,n,k,nq,filtered",
+    [
+        ("f16", 768, 4096, 10, 1, False),
+        ("f16", 768, 4096, 10, 1, True),
+        ("f16", 384, 20_011, 1, 1, False),
+        ("f16", 100, 5_000, 256, 1, False),      # dim not a multiple of 8, k = max
+        ("f32", 96, 3_001, 17, 1, True),
+        ("f32", 768, 10_000, 64, 1, False),
+        ("f16", 1500, 7_000, 10, 1, False),       # query too large for kernel parameters
+        ("f16", 256, 3_000, 10, 6, False),        # several queries in one request
+        ("f16", 128, 200_003, 256, 1, False),     # many blocks, merge with pruning at k = max
+        ("f16", 64, 50, 100, 1, False),           # fewer rows than k
+    ],
+)
+def test_matches_cpu(pair, dtype, dim, n, k, nq, filtered):
+    rng = np.random.default_rng([dim, n, k, nq, int(filtered)])
+    cuda, cpu = pair(dim=dim, capacity=n, dtype=dtype)
+    x = unit_rows(rng, n, dim)
+    ids = rng.choice(10**12, size=n, replace=False).astype(np.int64)
+    ns = NS[rng.integers(0, 3, size=n)]
+    for start in range(0, n, 4096):
+        sl = slice(start, start + 4096)
+        cuda.upsert(ids[sl], x[sl], ns[sl])
+        cpu.upsert(ids[sl], x[sl], ns[sl])
+    tol = 2e-3 if dtype == "f16" else 1e-5
+    for qi in range(8):
+        q = unit_rows(rng, nq, dim)
+        q = q[0] if nq == 1 else q
+        want = int(NS[qi % 3]) if filtered else None
+        assert_same(cuda.search(q, k=k, namespace_hash=want, touch=False),
+                    cpu.search(q, k=k, namespace_hash=want, touch=False), k, tol)
+
+
+def test_writes_moves_and_deletes(pair):
+    """Upserts, in-place replacement, swap-remove deletes (move_row) and clear, interleaved with searches."""
+    rng = np.random.default_rng(4)
+    dim, n = 200, 6000
+    cuda, cpu = pair(dim=dim, capacity=n)
+    x = unit_rows(rng, n, dim)
+    ids = np.arange(1, n + 1, dtype=np.int64) * 7
+    ns = NS[rng.integers(0, 3, size=n)]
+    for t in (cuda, cpu):
+        t.upsert(ids, x, ns)
+    for rnd in range(4):
+        gone = rng.choice(ids, size=700, replace=False)
+        assert cuda.delete(gone) == cpu.delete(gone)
+        again = rng.choice(ids, size=500, replace=False)
+        fresh = unit_rows(rng, 500, dim)
+        for t in (cuda, cpu):
+            t.upsert(again, fresh, NS[rnd % 3])
+        for _ in range(5):
+            q = unit_rows(rng, 1, dim)[0]
+            for want in (None, int(NS[rnd % 3])):
+                assert_same(cuda.search(q, k=25, namespace_hash=want, touch=False),
+                            cpu.search(q, k=25, namespace_hash=want, touch=False), 25, 2e-3)
+    assert cuda.clear() == cpu.clear()
+    got = cuda.search(unit_rows(rng, 1, dim)[0], k=5)
+    assert got.hits == 0 and np.all(got.ids == -1)
+
+
+def test_ties_broken_by_smaller_id(pair):
+    rng = np.random.default_rng(9)
+    dim = 64
+    cuda, cpu = pair(dim=dim, capacity=1000)
+    v = unit_rows(rng, 1, dim)[0]
+    x = np.repeat(v[None, :], 600, axis=0)
+    x[300:] = unit_rows(rng, 300, dim) * 0.1 + v * 0.0  # weaker rows
+    x[300:] /= np.linalg.norm(x[300:], axis=1, keepdims=True)
+    ids = rng.permutation(np.arange(10_000, 10_600, dtype=np.int64))
+    for t in (cuda, cpu):
+        t.upsert(ids, x, 1)
+    got = cuda.search(v, k=50, touch=False)
+    want = np.sort(ids[:300])[:50]
+    np.testing.assert_array_equal(got.ids[0], want)
+    np.testing.assert_array_equal(got.ids[0], cpu.search(v, k=50, touch=False).ids[0])
+
+
+def test_empty_tier_and_absent_namespace(pair):
+    cuda, _ = pair(dim=32, capacity=100)
+    q = unit_rows(np.random.default_rng(1), 1, 32)[0]
+    got = cuda.search(q, k=7)
+    assert got.hits == 0 and np.all(got.ids == -1) and np.all(np.isneginf(got.scores))
+    cuda.upsert(np.arange(10), unit_rows(np.random.default_rng(2), 10, 32), 5)
+    got = cuda.search(q, k=7, namespace_hash=6)
+    assert got.hits == 0 and np.all(got.ids == -1)
+    got = cuda.search(q, k=7, namespace_hash=5)
+    assert got.hits == 7
