@@ -12,9 +12,10 @@ LOCK_FILE_NAME = ".maintenance.lock"
 
 
 @contextmanager
-def maintenance_lock(folder: str, *, blocking: bool) -> Iterator[bool]:
-    """Yield True while holding the store's cross-process maintenance lock, False if another process holds it."""
-    fd = os.open(os.path.join(folder, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+def maintenance_lock(folder: str, *, blocking: bool, name: str = LOCK_FILE_NAME) -> Iterator[bool]:
+    """Yield True while holding the store's cross-process lock `name` (default: maintenance), False if another
+    process holds it."""
+    fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)

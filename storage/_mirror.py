@@ -1,7 +1,19 @@
-"""In-memory copy of (id, namespace, created_at, vector) for exact search at memory speed; LanceDB stays the truth."""
+"""In-memory copy of (id, namespace, created_at, vector) for exact search at memory speed; LanceDB stays the truth.
+
+Rows live at positions (append-only, tombstoned, repacked when half are dead). An optional listener (the FAISS
+index, whose labels are these positions) hears every added/removed position and every repack, so it stays in step.
+"""
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
+
+
+class MirrorListener(Protocol):
+    def on_add(self, positions: np.ndarray, vectors: np.ndarray) -> None: ...
+    def on_remove(self, positions: np.ndarray) -> None: ...
+    def on_repack(self, new_of_old: np.ndarray) -> None: ...
 
 
 def top_k_with_ties(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,6 +50,11 @@ class VectorMirror:
         self._pos: dict[int, int] = {}
         self.namespaces: list[str] = []
         self._ns_code: dict[str, int] = {}
+        self._ns_live: list[int] = []  # live rows per namespace code
+        self._ns_rows: list[list] = []  # per code: [positions array (may hold dead rows), used length]
+        self._ns_bits: dict[int, np.ndarray] = {}  # per code, built on demand: packed bitmap of live positions
+        self.epoch = 0  # bumped when positions move (repack)
+        self.listener: MirrorListener | None = None
 
     # ---- bookkeeping -------------------------------------------------------------------------
     @property
@@ -52,7 +69,26 @@ class VectorMirror:
         if code is None:
             code = self._ns_code[namespace] = len(self.namespaces)
             self.namespaces.append(namespace)
+            self._ns_live.append(0)
+            self._ns_rows.append([np.empty(16, np.int64), 0])
         return code
+
+    def _note_ns_rows(self, codes: np.ndarray, lo: int) -> None:
+        for code in np.unique(codes).tolist():
+            pos = lo + np.flatnonzero(codes == code)
+            slot = self._ns_rows[code]
+            arr, used = slot
+            if used + pos.size > arr.shape[0]:
+                grown = np.empty(max(used + pos.size, 2 * arr.shape[0]), np.int64)
+                grown[:used] = arr[:used]
+                slot[0] = arr = grown
+            arr[used:used + pos.size] = pos
+            slot[1] = used + pos.size
+            self._ns_live[code] += int(pos.size)
+            bits = self._ns_bits.get(code)
+            if bits is not None:
+                self._ns_bits[code] = bits = _grow_bits(bits, lo + int(codes.shape[0]))
+                np.bitwise_or.at(bits, pos >> 3, (1 << (pos & 7)).astype(np.uint8))
 
     def _reserve(self, extra: int) -> None:
         need = self._n + extra
@@ -77,26 +113,41 @@ class VectorMirror:
         lo, hi = self._n, self._n + m
         self._ids[lo:hi] = ids
         self._vectors[lo:hi] = vectors
-        self._ns_codes[lo:hi] = [self._code(ns) for ns in namespaces]
+        codes = np.fromiter((self._code(ns) for ns in namespaces), np.int32, count=m)
+        self._ns_codes[lo:hi] = codes
         self._created[lo:hi] = created_at_us
         self._alive[lo:hi] = True
         for offset, row_id in enumerate(ids.tolist()):
             self._pos[row_id] = lo + offset
         self._n = hi
+        self._note_ns_rows(codes, lo)
+        if self.listener is not None:
+            self.listener.on_add(np.arange(lo, hi, dtype=np.int64), self._vectors[lo:hi])
 
     def remove(self, ids: np.ndarray) -> int:
-        removed = 0
+        gone = []
         for row_id in ids.tolist():
             pos = self._pos.pop(row_id, None)
             if pos is not None:
                 self._alive[pos] = False
-                removed += 1
-        if removed and self._n > 1024 and self.live_rows < self._n // 2:
+                gone.append(pos)
+        if gone:
+            positions = np.asarray(gone, np.int64)
+            for code, pos in zip(self._ns_codes[positions].tolist(), gone):
+                self._ns_live[code] -= 1
+                bits = self._ns_bits.get(code)
+                if bits is not None:
+                    bits[pos >> 3] &= np.uint8(~(1 << (pos & 7)) & 0xFF)
+            if self.listener is not None:
+                self.listener.on_remove(positions)
+        if gone and self._n > 1024 and self.live_rows < self._n // 2:
             self._repack()
-        return removed
+        return len(gone)
 
     def _repack(self) -> None:
         keep = np.flatnonzero(self._alive[: self._n])
+        new_of_old = np.full(self._n, -1, np.int64)
+        new_of_old[keep] = np.arange(keep.shape[0])
         self._ids = self._ids[keep].copy()
         self._vectors = self._vectors[keep].copy()
         self._ns_codes = self._ns_codes[keep].copy()
@@ -104,12 +155,88 @@ class VectorMirror:
         self._alive = np.ones(keep.shape[0], bool)
         self._n = keep.shape[0]
         self._pos = {row_id: i for i, row_id in enumerate(self._ids.tolist())}
+        self._ns_bits.clear()
+        for code, slot in enumerate(self._ns_rows):
+            slot[0], slot[1] = np.empty(16, np.int64), 0
+            self._ns_live[code] = 0
+        self._note_ns_rows(self._ns_codes[: self._n], 0)
+        self.epoch += 1
+        if self.listener is not None:
+            self.listener.on_repack(new_of_old)
 
     # ---- reads -------------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        """Positions in use (live and dead)."""
+        return self._n
+
     def positions(self, ids: np.ndarray) -> np.ndarray:
+        return (p := self.positions_or_minus1(ids))[p >= 0]
+
+    def positions_or_minus1(self, ids: np.ndarray) -> np.ndarray:
         get = self._pos.get
-        pos = np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, count=ids.shape[0])
-        return pos[pos >= 0]
+        return np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, count=ids.shape[0])
+
+    def ids_at(self, positions: np.ndarray) -> np.ndarray:
+        return self._ids[positions]
+
+    def vectors_at(self, positions: np.ndarray) -> np.ndarray:
+        return self._vectors[positions]
+
+    def alive_at(self, positions: np.ndarray) -> np.ndarray:
+        return self._alive[positions]
+
+    def live_positions(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        hi = self._n if hi is None else hi
+        return lo + np.flatnonzero(self._alive[lo:hi])
+
+    def label_ids(self) -> np.ndarray:
+        """Row id at each position, -1 where dead (what a FAISS label meant when saved)."""
+        return np.where(self._alive[: self._n], self._ids[: self._n], -1)
+
+    def alive_mask(self) -> np.ndarray:
+        return self._alive[: self._n]
+
+    def all_vectors(self) -> np.ndarray:
+        """(n, dim) view of every position's vector, live or dead; do not keep it across writes."""
+        return self._vectors[: self._n]
+
+    def namespace_live(self, namespace: str) -> int:
+        code = self._ns_code.get(namespace)
+        return 0 if code is None else self._ns_live[code]
+
+    def namespace_positions(self, namespace: str) -> np.ndarray:
+        """Live positions of one namespace (ascending), without scanning the whole mirror."""
+        code = self._ns_code.get(namespace)
+        if code is None:
+            return np.empty(0, np.int64)
+        arr, used = self._ns_rows[code]
+        pos = arr[:used]
+        pos = pos[self._alive[pos]]
+        if pos.shape[0] * 2 < used and used > 64:  # drop dead entries once they dominate
+            self._ns_rows[code] = [pos.copy(), pos.shape[0]]
+        return pos
+
+    def namespace_bitmap(self, namespace: str) -> np.ndarray:
+        """Packed little-endian bitmap over positions: bit p set when position p is live and in `namespace`
+        (for faiss.IDSelectorBitmap); kept in step with writes once built."""
+        code = self._ns_code.get(namespace)
+        if code is None:
+            return np.zeros(1, np.uint8)
+        bits = self._ns_bits.get(code)
+        if bits is None:
+            bits = positions_bitmap(self.namespace_positions(namespace), self._n)
+            self._ns_bits[code] = bits
+        return bits
+
+    def search_positions(self, query: np.ndarray, positions: np.ndarray, k: int,
+                         exclude_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k among live `positions`."""
+        scores = self._vectors[positions] @ query
+        ids = self._ids[positions]
+        if exclude_ids is not None and exclude_ids.size:
+            scores[np.isin(ids, exclude_ids)] = -np.inf
+        return top_k_with_ties(scores, ids, k)
 
     def search(self, query: np.ndarray, k: int, *, namespace: str | None = None,
                only_ids: np.ndarray | None = None, exclude_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -121,38 +248,26 @@ class VectorMirror:
                 rows = rows[self._ns_codes[rows] == code]
             scores = self._vectors[rows] @ query
             ids = self._ids[rows]
+        elif namespace is not None:
+            return self.search_positions(query, self.namespace_positions(namespace), k, exclude_ids)
         else:
             scores = self._vectors[:n] @ query
             ids = self._ids[:n]
             if self.live_rows != n:
                 scores[~self._alive[:n]] = -np.inf
-            if namespace is not None:
-                code = self._ns_code.get(namespace, -1)
-                scores[self._ns_codes[:n] != code] = -np.inf
         if exclude_ids is not None and exclude_ids.size:
             scores[np.isin(ids, exclude_ids)] = -np.inf
         return top_k_with_ties(scores, ids, k)
 
     def count(self, namespace: str | None = None) -> int:
-        if namespace is None:
-            return self.live_rows
-        code = self._ns_code.get(namespace)
-        if code is None:
-            return 0
-        n = self._n
-        return int(np.count_nonzero((self._ns_codes[:n] == code) & self._alive[:n]))
+        return self.live_rows if namespace is None else self.namespace_live(namespace)
 
     def namespace_counts(self) -> dict[str, int]:
-        n = self._n
-        counts = np.bincount(self._ns_codes[:n][self._alive[:n]], minlength=len(self.namespaces))
-        return {ns: int(c) for ns, c in zip(self.namespaces, counts) if c}
+        return {ns: int(c) for ns, c in zip(self.namespaces, self._ns_live) if c}
 
     def recent(self, limit: int, namespace: str | None = None) -> dict:
         n = self._n
-        mask = self._alive[:n].copy()
-        if namespace is not None:
-            mask &= self._ns_codes[:n] == self._ns_code.get(namespace, -1)
-        rows = np.flatnonzero(mask)
+        rows = self.namespace_positions(namespace) if namespace is not None else np.flatnonzero(self._alive[:n])
         # Newest first; equal timestamps put the larger (later-assigned) id first.
         order = np.lexsort((-self._ids[rows], -self._created[rows]))[:limit]
         rows = rows[order]
@@ -162,3 +277,19 @@ class VectorMirror:
             "namespace": [self.namespaces[c] for c in self._ns_codes[rows].tolist()],
             "created_at_us": self._created[rows].copy(),
         }
+
+
+def positions_bitmap(positions: np.ndarray, n: int) -> np.ndarray:
+    """Packed little-endian bitmap of `positions` over [0, n) (faiss.IDSelectorBitmap's layout)."""
+    mask = np.zeros(max(n, 1), bool)
+    mask[positions] = True
+    return np.packbits(mask, bitorder="little")
+
+
+def _grow_bits(bits: np.ndarray, n: int) -> np.ndarray:
+    need = (n + 7) // 8
+    if need <= bits.shape[0]:
+        return bits
+    grown = np.zeros(max(need, 2 * bits.shape[0]), np.uint8)
+    grown[: bits.shape[0]] = bits
+    return grown

@@ -12,8 +12,10 @@ import numpy as np
 
 from ..errors import InvalidInput, StorageError, TieredRecallError
 from . import _validate as check
+from ._ann import TARGET_RECALL, IvfAnn, choose_nlist
+from ._bm25 import Bm25Index, rrf_fuse
 from ._maintenance import MaintenanceThread, maintenance_lock
-from ._mirror import VectorMirror, top_k_with_ties
+from ._mirror import VectorMirror, positions_bitmap, top_k_with_ties
 from ._schema import (TABLE_NAME, VECTOR_COLUMN, build_batch, memory_schema, rows_from_arrow, schema_dim,
                       sql_id_list, sql_string, timestamps_us, vectors_from_arrow)
 
@@ -23,6 +25,11 @@ _COMMIT_RETRIES = 5
 # Rows fetched per ANN candidate list before exact re-ranking (LanceDB refine_factor).
 _ANN_REFINE_FACTOR = 10
 _ANN_NPROBES = 20
+INDEX_MODES = ("auto", "exact", "lancedb")
+FAISS_FOLDER = "faiss_index"
+# A filtered search over at most this many rows is answered exactly (a gather of their vectors) instead of by FAISS.
+_EXACT_SUBSET_MAX = 4096
+_RRF_DEPTH = 100  # rows taken from each ranking before reciprocal-rank fusion
 
 
 def _lancedb():
@@ -57,14 +64,39 @@ class ColdStore:
       mirror_max_bytes: memory budget of the exact-search mirror; scalar_index_min_rows / ann_index_min_rows:
           table sizes at which BTREE(id) + BITMAP(namespace) and the IVF_PQ vector index are built;
       background: False runs no maintenance thread (compaction then only through optimize()).
+      index: "auto" (default) searches the mirror exactly below `faiss_min_rows` live rows and through a FAISS
+          IVF-Flat index (probe count tuned for recall@10 >= `target_recall`, built in the background, kept in step
+          with every write, saved beside the table under faiss_index/ and reconciled against the rows on open)
+          above; "exact" never uses an ANN index; "lancedb" sends searches to LanceDB and its own IVF_PQ index.
+      Every score returned is the exact inner product of the stored vector.
     """
 
     def __init__(self, path: str | os.PathLike, *, dim: int, read_consistency_interval_s: float = 0.0,
                  lance_threads: int | None = None, compact_every_writes: int = 32, compact_every_s: float = 10.0,
                  cleanup_grace_s: float = 10.0, mirror_max_bytes: int = 2 << 30,
                  scalar_index_min_rows: int = 50_000, ann_index_min_rows: int = 250_000,
-                 background: bool = True):
+                 background: bool = True, index: str = "auto", faiss_min_rows: int = 20_000,
+                 target_recall: float = TARGET_RECALL):
         self._dim = check.check_dim(dim)
+        if index not in INDEX_MODES:
+            raise InvalidInput(f"index must be one of {INDEX_MODES} (\"auto\" picks exact or FAISS by size), got {index!r}")
+        if isinstance(faiss_min_rows, bool) or not isinstance(faiss_min_rows, int) or faiss_min_rows < 1:
+            raise InvalidInput(f"faiss_min_rows must be a positive int, got {faiss_min_rows!r}")
+        if not isinstance(target_recall, (int, float)) or not 0 < target_recall <= 1:
+            raise InvalidInput(f"target_recall must be in (0, 1], got {target_recall!r}")
+        self._index_mode = index
+        self._faiss_min_rows = faiss_min_rows
+        self._target_recall = float(target_recall)
+        self._ann: IvfAnn | None = None
+        self._ann_source = "none"
+        self._ann_thread: threading.Thread | None = None
+        self._ann_builds = 0
+        self._ann_last_build_s: float | None = None
+        self._ann_last_reconcile: dict | None = None
+        self._ann_error: str | None = None
+        self._ann_save_lock = threading.Lock()
+        self._bm25: Bm25Index | None = None
+        self._opening = True  # no background build before the saved index had its chance
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise InvalidInput(f"path must be a folder path (str or os.PathLike), got {path!r}")
         if not isinstance(read_consistency_interval_s, (int, float)) or read_consistency_interval_s < 0:
@@ -106,6 +138,8 @@ class ColdStore:
         self._maintenance_table = None
         with self._lock:
             self._reload_mirror_locked()
+            self._opening = False
+            self._open_ann_locked()
         if background:
             self._maintenance = MaintenanceThread(self._maintain, writes_due=self._writes_per_compaction,
                                                   every_s=compact_every_s, name=f"cold-maintenance:{self._path}")
@@ -122,10 +156,19 @@ class ColdStore:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         if self._maintenance is not None:
             self._maintenance.stop()
+        thread = self._ann_thread
+        if thread is not None:
+            thread.join()  # a build in flight finishes (it cannot be interrupted inside FAISS) and is then dropped
+        try:
+            self._save_ann(force=True)
+        except Exception:
+            pass  # the index is a cache: the next open rebuilds or repairs it
+        self._closed = True
         with self._lock:
+            self._ann = None
+            self._bm25 = None
             self._mirror = None
             self._table = None
             self._maintenance_table = None
@@ -192,10 +235,13 @@ class ColdStore:
             data = reader.search().select(["id", "namespace", "created_at", VECTOR_COLUMN]).limit(None).to_arrow()
             return version, data, rows
         version, data, rows = self._guard("load the search mirror", load)
+        old = self._mirror
         self._mirror_version = version
         self._row_estimate = rows
+        self._bm25 = None  # rebuilt from the table on the next hybrid search
         if data is None:
             self._mirror = None
+            self._ann = None
             return
         mirror = VectorMirror(self._dim, capacity=max(1024, data.num_rows + data.num_rows // 4))
         if data.num_rows:
@@ -203,6 +249,16 @@ class ColdStore:
                           vectors_from_arrow(data.column(VECTOR_COLUMN), self._dim),
                           data.column("namespace").to_pylist(), timestamps_us(data.column("created_at")))
         self._mirror = mirror
+        if self._ann is not None and old is not None:
+            # Another process moved rows: keep the index, relabelled to the new positions and repaired.
+            ann, self._ann = self._ann, None
+            try:
+                self._ann_last_reconcile = ann.reconcile(old.label_ids(), mirror)
+                mirror.listener = ann
+                self._ann = ann
+            except Exception as exc:
+                self._ann_error = f"reconcile after reload: {type(exc).__name__}: {exc}"
+        self._maybe_schedule_ann_locked()
 
     def _benign_versions(self, start: int, end: int) -> bool:
         """True if every version in (start, end] kept the rows as they were (compaction, index builds).
@@ -256,6 +312,9 @@ class ColdStore:
             self._mirror_version = new_version
             if self._mirror.nbytes() > self._mirror_max_bytes:
                 self._mirror = None  # past the budget: LanceDB (and its ANN index) serves searches
+                self._ann = None
+            else:
+                self._maybe_schedule_ann_locked()
         else:
             self._reload_mirror_locked()  # someone else changed rows in between: start from the truth
 
@@ -311,6 +370,8 @@ class ColdStore:
                 result = self._commit(f"add {n} rows", upsert)
             self._after_own_write_locked(result.version, lambda m: m.upsert(ids, vectors, namespaces, created))
             self._row_estimate = self._row_estimate + n if self._mirror is None else self._mirror.live_rows
+            if self._bm25 is not None:
+                self._bm25.upsert(ids.tolist(), namespaces, texts)
         if self._maintenance is not None:
             self._maintenance.note_writes()
 
@@ -327,17 +388,25 @@ class ColdStore:
             deleted = int(result.num_deleted_rows)
             self._after_own_write_locked(result.version, lambda m: m.remove(ids))
             self._row_estimate = max(0, self._row_estimate - deleted)
+            if self._bm25 is not None:
+                self._bm25.remove(ids.tolist())
         if deleted and self._maintenance is not None:
             self._maintenance.note_writes()
         return deleted
 
     # ---- reads ---------------------------------------------------------------------------------
     def search(self, vector, *, k: int, namespace: str | None = None, where: str | None = None,
-               exclude_ids=None) -> tuple[np.ndarray, np.ndarray]:
+               exclude_ids=None, text: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k rows by inner product with `vector` ((dim,) float32): (ids int64, scores float32), best first.
 
-        Scores are exact; equal scores are ordered by smaller id. `where` is a LanceDB SQL filter over the
-        row columns (e.g. "role = 'user' AND session = 's1'"); `exclude_ids` are never returned.
+        Scores are exact inner products of the stored vectors; equal scores are ordered by smaller id. Past
+        `faiss_min_rows` the candidates come from the FAISS index (recall@10 tuned to `target_recall`), below it
+        the search is exact. `where` is a LanceDB SQL filter over the row columns (e.g. "role = 'user' AND
+        session = 's1'"); `exclude_ids` are never returned.
+
+        Hybrid search: with `text` (the query's text), BM25 over the memory texts is fused with the vector
+        ranking by reciprocal-rank fusion (1/(60 + rank), the top 100 of each); ids come back in fused order,
+        each with its exact cosine score (so the scores are then not sorted).
         """
         self._check_open()
         query = check.check_query(vector, self._dim)
@@ -345,13 +414,229 @@ class ColdStore:
         namespace = check.check_optional_namespace(namespace)
         where = check.check_where(where)
         excluded = None if exclude_ids is None else check.check_ids(exclude_ids, name="exclude_ids", allow_empty=True)
+        if text is not None and not isinstance(text, str):
+            raise InvalidInput(f"text must be a str (the query text for hybrid BM25 + vector search) or None, got {type(text).__name__}")
         with self._lock:
             self._check_open()
             self._sync_locked()
-            if self._mirror is not None:
-                only = None if where is None else self._matching_ids(namespace, where)
-                return self._mirror.search(query, k, namespace=namespace, only_ids=only, exclude_ids=excluded)
+            if text is not None and text.strip():
+                return self._hybrid_locked(query, text, k, namespace, where, excluded)
+            return self._vector_search_locked(query, k, namespace, where, excluded)
+
+    def text_search(self, text: str, *, k: int, namespace: str | None = None, where: str | None = None,
+                    exclude_ids=None) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 alone over the memory texts: (ids int64, BM25 scores float32), best first, ties by smaller id;
+        rows sharing no term with `text` are not returned."""
+        self._check_open()
+        if not isinstance(text, str):
+            raise InvalidInput(f"text must be a str, got {type(text).__name__}")
+        k = check.check_k(k)
+        namespace = check.check_optional_namespace(namespace)
+        where = check.check_where(where)
+        excluded = None if exclude_ids is None else check.check_ids(exclude_ids, name="exclude_ids", allow_empty=True)
+        with self._lock:
+            self._check_open()
+            self._sync_locked()
+            only = None if where is None else self._matching_ids(namespace, where)
+            return self._bm25_locked().search(text, k, namespace=namespace, only_ids=only, exclude_ids=excluded)
+
+    def _vector_search_locked(self, query: np.ndarray, k: int, namespace: str | None, where: str | None,
+                              excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        m = self._mirror
+        if m is None or self._index_mode == "lancedb":
             return self._search_lancedb(query, k, namespace, where, excluded)
+        ann = self._ann if self._index_mode == "auto" else None
+        if where is not None:
+            positions = m.positions(self._matching_ids(namespace, where))
+            if namespace is not None:
+                positions = np.intersect1d(positions, m.namespace_positions(namespace))
+            if ann is None or positions.shape[0] <= _EXACT_SUBSET_MAX:
+                return m.search_positions(query, positions, k, excluded)
+            return self._ann_search(ann, query, k, excluded, positions.shape[0],
+                                    positions_bitmap(positions, m.n), lambda: positions)
+        if ann is None:
+            return m.search(query, k, namespace=namespace, exclude_ids=excluded)
+        if namespace is None:
+            return self._ann_search(ann, query, k, excluded, m.live_rows, None, m.live_positions)
+        allowed = m.namespace_live(namespace)
+        if allowed <= _EXACT_SUBSET_MAX:
+            return m.search_positions(query, m.namespace_positions(namespace), k, excluded)
+        bitmap = None if allowed == m.live_rows else m.namespace_bitmap(namespace)
+        return self._ann_search(ann, query, k, excluded, allowed, bitmap, lambda: m.namespace_positions(namespace))
+
+    def _ann_search(self, ann: IvfAnn, query: np.ndarray, k: int, excluded: np.ndarray | None, allowed: int,
+                    bitmap: np.ndarray | None, positions: Callable[[], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS candidates (the filter applied inside the search, probes scaled up by its selectivity), re-scored
+        exactly from the mirror; falls back to exact search when the index yields fewer than k rows."""
+        m = self._mirror
+        n_excluded = 0 if excluded is None else int(excluded.size)
+        nprobe = ann.nprobe
+        if bitmap is not None:
+            nprobe = min(ann.nlist, int(np.ceil(ann.nprobe * m.live_rows / max(allowed, 1))))
+        labels = ann.search(query, k + 8 + n_excluded, nprobe=nprobe, bitmap=bitmap)
+        labels = labels[labels < m.n]
+        labels = labels[m.alive_at(labels)]
+        ids, scores = m.search_positions(query, labels, k, excluded)
+        if ids.shape[0] < k and allowed - n_excluded > ids.shape[0]:
+            return m.search_positions(query, positions(), k, excluded)
+        return ids, scores
+
+    def _hybrid_locked(self, query: np.ndarray, text: str, k: int, namespace: str | None, where: str | None,
+                       excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        depth = max(_RRF_DEPTH, k)
+        vec_ids, vec_scores = self._vector_search_locked(query, depth, namespace, where, excluded)
+        only = None if where is None else self._matching_ids(namespace, where)
+        bm_ids, _ = self._bm25_locked().search(text, depth, namespace=namespace, only_ids=only, exclude_ids=excluded)
+        ids, _ = rrf_fuse([vec_ids, bm_ids], k)
+        known = dict(zip(vec_ids.tolist(), vec_scores.tolist()))
+        missing = np.array([i for i in ids.tolist() if i not in known], np.int64)
+        if missing.size:
+            if self._mirror is not None:
+                pos = self._mirror.positions_or_minus1(missing)
+                exact = self._mirror.vectors_at(pos) @ query
+            else:
+                exact = np.array([float(r["vector"] @ query) for r in self.get(missing)], np.float32)
+            known.update(zip(missing.tolist(), exact.tolist()))
+        return ids, np.array([known[i] for i in ids.tolist()], np.float32)
+
+    def _bm25_locked(self) -> Bm25Index:
+        if self._bm25 is None:
+            data = self._guard("load texts for BM25", lambda: self._table.search().select(["id", "namespace", "text"])
+                               .limit(None).to_arrow())
+            bm25 = Bm25Index()
+            bm25.upsert(data.column("id").to_pylist(), data.column("namespace").to_pylist(), data.column("text").to_pylist())
+            self._bm25 = bm25
+        return self._bm25
+
+    # ---- FAISS index upkeep --------------------------------------------------------------------
+    @property
+    def _ann_folder(self) -> str:
+        return os.path.join(self._path, FAISS_FOLDER)
+
+    def _ann_wanted_locked(self) -> bool:
+        m = self._mirror
+        if self._closed or self._opening or self._index_mode != "auto" or m is None or m.live_rows < self._faiss_min_rows:
+            return False
+        # (Re)train when the store has grown 4x past what the lists were trained for (nlist ~ 2 sqrt(n)).
+        return self._ann is None or m.live_rows > 4 * self._ann.trained_rows
+
+    def _maybe_schedule_ann_locked(self) -> None:
+        if self._ann_thread is None and self._ann_wanted_locked():
+            self._ann_thread = threading.Thread(target=self._ann_build_worker, name=f"cold-faiss-build:{self._path}",
+                                                daemon=True)
+            self._ann_thread.start()
+
+    def _open_ann_locked(self) -> None:
+        """Load the saved index and reconcile it with the rows (it is a cache: never trusted blindly)."""
+        m = self._mirror
+        if self._index_mode != "auto" or m is None or m.live_rows < self._faiss_min_rows:
+            return
+        try:
+            ann, label_ids, meta = IvfAnn.read(self._ann_folder, self._dim)
+        except FileNotFoundError:
+            self._ann_source = "none"
+        except Exception as exc:
+            self._ann_source = "rejected"
+            self._ann_error = f"saved index rejected ({type(exc).__name__}: {exc}); rebuilding from LanceDB"
+        else:
+            try:
+                report = ann.reconcile(label_ids, m)
+            except Exception as exc:
+                self._ann_source = "rejected"
+                self._ann_error = f"saved index failed reconciliation ({type(exc).__name__}: {exc}); rebuilding"
+            else:
+                fresh = (meta.get("table_version") == self._mirror_version and meta.get("rows") == m.live_rows
+                         and report["dropped"] == 0 and report["added"] == 0)
+                self._ann_source = "loaded" if fresh else "repaired"
+                self._ann_last_reconcile = report
+                ann.changes = 0 if fresh else max(1, report["dropped"] + report["added"])
+                m.listener = ann
+                self._ann = ann
+        self._maybe_schedule_ann_locked()
+
+    def _ann_build_worker(self) -> None:
+        try:
+            self._build_ann()
+        except Exception as exc:  # a failed build leaves exact search in place; stats() reports it
+            self._ann_error = f"build: {type(exc).__name__}: {exc}"
+        finally:
+            with self._lock:
+                self._ann_thread = None
+
+    def _build_ann(self) -> None:
+        """Train and fill a new IVF index from a snapshot of the mirror without holding the lock, then catch up
+        with the writes made meanwhile and swap it in (positions are append-only between repacks)."""
+        for _ in range(3):
+            with self._lock:
+                if not self._ann_wanted_locked():
+                    return
+                m = self._mirror
+                epoch, n_snap = m.epoch, m.n
+                positions = m.live_positions()
+                vectors = m.all_vectors()  # rows below n_snap are never rewritten in place; a repack bumps epoch
+            t0 = time.perf_counter()
+            nlist = choose_nlist(positions.shape[0])
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(positions, size=min(positions.shape[0], 64 * nlist), replace=False))
+            ann = IvfAnn.train(vectors[sample], nlist=nlist, trained_rows=positions.shape[0])
+            for lo in range(0, positions.shape[0], 65536):
+                part = positions[lo:lo + 65536]
+                ann.add(part, vectors[part])
+            ann.tune(vectors, positions, target=self._target_recall)
+            with self._lock:
+                if self._closed:
+                    return
+                if self._mirror is not m or m.epoch != epoch:
+                    continue  # positions moved while building: build again from the new snapshot
+                ann.remove(positions[~m.alive_at(positions)])
+                new = m.live_positions(n_snap)
+                ann.add(new, m.vectors_at(new))
+                ann.changes = max(1, ann.changes)
+                m.listener = ann
+                self._ann = ann
+                self._ann_source = "built"
+                self._ann_builds += 1
+                self._ann_last_build_s = time.perf_counter() - t0
+            self._save_ann(force=True)
+            return
+
+    def _save_ann(self, *, force: bool) -> bool:
+        """Publish the FAISS index beside the table (stamped with the table version it matches). Serialised under
+        the store lock (a memory copy), written to disk outside it."""
+        if self._closed:
+            return False
+        with self._ann_save_lock:
+            with self._lock:
+                ann, m = self._ann, self._mirror
+                if ann is None or m is None or ann.changes == 0:
+                    return False
+                if not force and ann.changes < max(1000, m.live_rows // 20):
+                    return False
+                blob = ann.serialize()
+                label_ids = m.label_ids()
+                meta = {"dim": self._dim, "table_version": self._mirror_version, "rows": m.live_rows,
+                        "nprobe": ann.nprobe, "trained_rows": ann.trained_rows, "tuned_recall": ann.tuned_recall,
+                        "saved_at": time.time()}
+                ann.changes = 0
+            with maintenance_lock(self._path, blocking=True, name=".faiss.lock"):
+                IvfAnn.write(self._ann_folder, blob, label_ids, meta)
+            return True
+
+    def build_index(self) -> None:
+        """Build (or retrain) the FAISS index now if the store is past `faiss_min_rows`, and save it; waits for
+        a background build in flight. Benchmarks and bulk loaders call this; normal use never needs to."""
+        self._check_open()
+        self.wait_for_index()
+        self._build_ann()
+        self._save_ann(force=True)
+
+    def wait_for_index(self, timeout: float | None = None) -> bool:
+        """Block until no FAISS build is running (tests and benchmarks use this)."""
+        thread = self._ann_thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     def _filter_sql(self, namespace: str | None, where: str | None, excluded: np.ndarray | None = None) -> str | None:
         parts = []
@@ -492,6 +777,9 @@ class ColdStore:
             self._compactions += 1
         with self._lock:
             self._sync_locked()
+        self.wait_for_index()
+        self._build_ann()
+        self._save_ann(force=True)
 
     def _maintain(self) -> bool:
         """Background job: compaction, cleanup of versions older than the grace period, index builds.
@@ -519,6 +807,7 @@ class ColdStore:
             with self._lock:
                 if not self._closed:
                     self._sync_locked()  # absorb the compaction versions here, not on a reader's time
+            self._save_ann(force=False)
         except Exception as exc:  # the thread must survive; stats() reports the failure
             self._maintenance_errors += 1
             self._last_maintenance_error = f"{type(exc).__name__}: {exc}"
@@ -533,7 +822,10 @@ class ColdStore:
                 table.create_index("id", config=BTree())  # speeds up upsert, get and delete by id
             if ("namespace",) not in have:
                 table.create_index("namespace", config=Bitmap())  # namespace filters without a full scan
-        if rows >= self._ann_index_min_rows and (VECTOR_COLUMN,) not in have:
+        # LanceDB's vector index only serves searches when there is no mirror (past its budget) or index="lancedb";
+        # with the mirror, FAISS does: building IVF_PQ over 1M rows would cost minutes of CPU for nothing.
+        lance_serves = self._mirror is None or self._index_mode == "lancedb"
+        if rows >= self._ann_index_min_rows and lance_serves and (VECTOR_COLUMN,) not in have:
             from lancedb.index import IvfPq
             table.create_index(VECTOR_COLUMN, config=IvfPq(distance_type="dot",
                                                           num_partitions=max(1, int(np.sqrt(rows) / 4)),
@@ -544,6 +836,9 @@ class ColdStore:
             if tuple(idx.columns) == (VECTOR_COLUMN,):
                 return str(idx.index_type)
         return None
+
+    def _search_path(self, mirror_rows: int | None, vector_index: str | None) -> str:
+        return _search_path_name(self._index_mode, mirror_rows, self._ann is not None, vector_index)
 
     def wait_for_maintenance(self, timeout: float | None = None) -> bool:
         """Block until queued background upkeep has run (tests and benchmarks use this)."""
@@ -562,6 +857,11 @@ class ColdStore:
                         self._table.version)
             table_stats, versions, indices, version = self._guard("read table statistics", collect)
             mirror_rows = None if self._mirror is None else self._mirror.live_rows
+            ann = self._ann
+            faiss_stats = None if ann is None else {
+                "kind": "ivf_flat", "rows": ann.ntotal, "nlist": ann.nlist, "nprobe": ann.nprobe,
+                "trained_rows": ann.trained_rows, "tuned_recall": ann.tuned_recall, "source": self._ann_source,
+                "unsaved_changes": ann.changes}
         fragments = table_stats.get("fragment_stats", {})
         vector_index = next((i["type"] for i in indices if i["columns"] == [VECTOR_COLUMN]), None)
         return {
@@ -575,7 +875,14 @@ class ColdStore:
             "table_version": version,
             "indices": indices,
             "index_kind": vector_index or "none",
-            "search_path": "mirror-exact" if mirror_rows is not None else ("lancedb-ann+rerank" if vector_index else "lancedb-exact"),
+            "search_path": self._search_path(mirror_rows, vector_index),
+            "faiss": faiss_stats,
+            "faiss_source": self._ann_source,
+            "faiss_builds": self._ann_builds,
+            "faiss_building": self._ann_thread is not None,
+            "faiss_last_build_s": self._ann_last_build_s,
+            "faiss_last_reconcile": self._ann_last_reconcile,
+            "faiss_error": self._ann_error,
             "mirror_rows": mirror_rows,
             "last_compaction_at": self._last_compaction_at,
             "compactions": self._compactions,
@@ -583,6 +890,12 @@ class ColdStore:
             "maintenance_errors": self._maintenance_errors,
             "last_maintenance_error": self._last_maintenance_error,
         }
+
+
+def _search_path_name(mode: str, mirror_rows: int | None, has_faiss: bool, vector_index: str | None) -> str:
+    if mirror_rows is None or mode == "lancedb":
+        return "lancedb-ann+rerank" if vector_index else "lancedb-exact"
+    return "faiss-ivf+rerank" if has_faiss and mode == "auto" else "mirror-exact"
 
 
 def _pq_sub_vectors(dim: int) -> int:

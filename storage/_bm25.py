@@ -1,0 +1,191 @@
+"""Incremental BM25 over memory texts (for hybrid search), and reciprocal-rank fusion of rankings.
+
+An inverted index of growable numpy posting arrays: single-row adds and deletes cost a few dictionary
+updates, document frequencies stay exact, deleted rows never score, and dead postings are dropped once
+they are half of the index. Scores follow Okapi BM25 with a lower length normalisation (b=0.4) than usual,
+which suits short conversational turns.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Sequence
+
+import numpy as np
+
+_TOKEN = re.compile(r"[0-9a-z]+")
+# bm25s's English list (the scikit-learn-derived short list) plus a few conversational fillers.
+_STOPWORDS = frozenset("""a an and are as at be but by for if in into is it no not of on or such that the their then
+there these they this to was will with i you he she we me my your his her our its am im do did does""".split())
+
+
+def _stem(token: str) -> str:
+    # A light plural stemmer: enough to match "dogs"/"dog" and "hobbies"/"hobby" without a stemming library.
+    if len(token) > 4 and token.endswith("ies"):
+        return token[:-3] + "y"
+    if len(token) > 3 and token.endswith("s") and not token.endswith(("ss", "us", "is")):
+        return token[:-1]
+    return token
+
+
+def tokenize(text: str) -> list[str]:
+    return [_stem(t) for t in _TOKEN.findall(text.lower()) if t not in _STOPWORDS]
+
+
+class Bm25Index:
+    """BM25 over (id, namespace, text) rows; upsert by id."""
+
+    def __init__(self, *, k1: float = 1.2, b: float = 0.4):
+        self.k1, self.b = float(k1), float(b)
+        self._vocab: dict[str, int] = {}
+        self._post_slots: list[np.ndarray] = []
+        self._post_tf: list[np.ndarray] = []
+        self._post_used: list[int] = []
+        self._df = np.zeros(1024, np.int64)
+        self._n = 0
+        self._ids = np.empty(1024, np.int64)
+        self._ns = np.empty(1024, np.int32)
+        self._len = np.empty(1024, np.float32)
+        self._alive = np.zeros(1024, bool)
+        self._terms: list[np.ndarray] = []  # unique term ids per slot (for exact df on delete)
+        self._slot: dict[int, int] = {}
+        self._ns_code: dict[str, int] = {}
+        self._live_len = 0.0
+
+    @property
+    def live_rows(self) -> int:
+        return len(self._slot)
+
+    def _grow(self, need: int) -> None:
+        cap = self._ids.shape[0]
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap)
+        for name in ("_ids", "_ns", "_len", "_alive"):
+            old = getattr(self, name)
+            new = np.zeros(new_cap, old.dtype)
+            new[: self._n] = old[: self._n]
+            setattr(self, name, new)
+
+    def _term(self, token: str) -> int:
+        tid = self._vocab.get(token)
+        if tid is None:
+            tid = self._vocab[token] = len(self._post_slots)
+            self._post_slots.append(np.empty(4, np.int64))
+            self._post_tf.append(np.empty(4, np.float32))
+            self._post_used.append(0)
+            if tid >= self._df.shape[0]:
+                df = np.zeros(2 * self._df.shape[0], np.int64)
+                df[: self._df.shape[0]] = self._df
+                self._df = df
+        return tid
+
+    def upsert(self, ids: Sequence[int], namespaces: Sequence[str], texts: Sequence[str]) -> None:
+        ids = [int(i) for i in ids]
+        self.remove(ids)
+        self._grow(self._n + len(ids))
+        for row_id, ns, text in zip(ids, namespaces, texts):
+            slot = self._n
+            self._n += 1
+            tokens = tokenize(text)
+            counts: dict[int, int] = {}
+            for tok in tokens:
+                tid = self._term(tok)
+                counts[tid] = counts.get(tid, 0) + 1
+            for tid, tf in counts.items():
+                used = self._post_used[tid]
+                if used == self._post_slots[tid].shape[0]:
+                    self._post_slots[tid] = np.concatenate([self._post_slots[tid], np.empty(used, np.int64)])
+                    self._post_tf[tid] = np.concatenate([self._post_tf[tid], np.empty(used, np.float32)])
+                self._post_slots[tid][used] = slot
+                self._post_tf[tid][used] = tf
+                self._post_used[tid] = used + 1
+            terms = np.fromiter(counts.keys(), np.int64, count=len(counts))
+            self._df[terms] += 1
+            self._terms.append(terms)
+            self._ids[slot] = row_id
+            code = self._ns_code.setdefault(ns, len(self._ns_code))
+            self._ns[slot] = code
+            self._len[slot] = len(tokens)
+            self._alive[slot] = True
+            self._slot[row_id] = slot
+            self._live_len += len(tokens)
+
+    def remove(self, ids: Sequence[int]) -> None:
+        removed = 0
+        for row_id in ids:
+            slot = self._slot.pop(int(row_id), None)
+            if slot is None:
+                continue
+            self._alive[slot] = False
+            self._df[self._terms[slot]] -= 1
+            self._live_len -= float(self._len[slot])
+            removed += 1
+        if removed and self._n > 1024 and self.live_rows < self._n // 2:
+            self._compact()
+
+    def _compact(self) -> None:
+        keep = np.flatnonzero(self._alive[: self._n])
+        new_of_old = np.full(self._n, -1, np.int64)
+        new_of_old[keep] = np.arange(keep.shape[0])
+        for tid in range(len(self._post_slots)):
+            used = self._post_used[tid]
+            slots = self._post_slots[tid][:used]
+            live = self._alive[slots]
+            self._post_slots[tid] = new_of_old[slots[live]]
+            self._post_tf[tid] = self._post_tf[tid][:used][live].copy()
+            self._post_used[tid] = int(live.sum())
+        for name in ("_ids", "_ns", "_len"):
+            setattr(self, name, getattr(self, name)[keep].copy())
+        self._alive = np.ones(keep.shape[0], bool)
+        self._terms = [self._terms[i] for i in keep.tolist()]
+        self._n = keep.shape[0]
+        self._slot = {int(r): i for i, r in enumerate(self._ids[: self._n].tolist())}
+
+    def search(self, text: str, depth: int, *, namespace: str | None = None, only_ids: np.ndarray | None = None,
+               exclude_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top `depth` live rows by BM25 score (> 0 only), best first, ties by smaller id: (ids, scores)."""
+        live = self.live_rows
+        terms = [self._vocab[t] for t in set(tokenize(text)) if t in self._vocab]
+        if not terms or live == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        avgdl = max(self._live_len / live, 1e-9)
+        slot_parts, score_parts = [], []
+        for tid in terms:
+            used = self._post_used[tid]
+            slots = self._post_slots[tid][:used]
+            tf = self._post_tf[tid][:used]
+            df = float(self._df[tid])
+            idf = math.log(1.0 + (live - df + 0.5) / (df + 0.5))
+            norm = self.k1 * (1.0 - self.b + self.b * self._len[slots] / avgdl)
+            slot_parts.append(slots)
+            score_parts.append(idf * tf * (self.k1 + 1.0) / (tf + norm))
+        slots = np.concatenate(slot_parts)
+        scores = np.concatenate(score_parts).astype(np.float64)
+        uniq, inverse = np.unique(slots, return_inverse=True)
+        total = np.bincount(inverse, weights=scores, minlength=uniq.shape[0])
+        keep = self._alive[uniq]
+        if namespace is not None:
+            keep &= self._ns[uniq] == self._ns_code.get(namespace, -1)
+        ids = self._ids[uniq]
+        if only_ids is not None:
+            keep &= np.isin(ids, only_ids)
+        if exclude_ids is not None and exclude_ids.size:
+            keep &= ~np.isin(ids, exclude_ids)
+        ids, total = ids[keep], total[keep]
+        order = np.lexsort((ids, -total))[:depth]
+        return ids[order].astype(np.int64), total[order].astype(np.float32)
+
+
+def rrf_fuse(rankings: Sequence[np.ndarray], k: int, *, c: float = 60.0) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion: sum over rankings of 1 / (c + rank), rank from 1; best first, ties by smaller id."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, row_id in enumerate(np.asarray(ranking).tolist(), start=1):
+            fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (c + rank)
+    if not fused:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    ids = np.fromiter(fused.keys(), np.int64, count=len(fused))
+    scores = np.fromiter(fused.values(), np.float64, count=len(fused))
+    order = np.lexsort((ids, -scores))[:k]
+    return ids[order], scores[order].astype(np.float32)
