@@ -57,7 +57,7 @@ def client_library() -> C.CDLL:
     lib.tr_client_register.restype = C.c_int
     lib.tr_client_register.argtypes = [C.c_void_p, C.c_int32]
     lib.tr_client_unregister.restype = None
-    lib.tr_client_unregister.argtypes = [C.c_void_p, C.c_int32]
+    lib.tr_client_unregister.argtypes = [C.c_void_p, C.c_int32, C.c_int32]
     lib.tr_client_call.restype = C.c_int
     lib.tr_client_call.argtypes = [
         C.c_void_p,  # segment base

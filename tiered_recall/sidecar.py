@@ -154,7 +154,7 @@ class HotTier:
         self._payload_bytes = int(h.slot_payload_bytes)
         self._ns_table = np.frombuffer(self._mm, dtype=_NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
         self._ns_mask = int(h.ns_entries) - 1
-        self._registered = self._lib.tr_client_register(self._base, self._pid) >= 0
+        self._client_index = self._lib.tr_client_register(self._base, self._pid)
         self.ping()
 
     @classmethod
@@ -414,8 +414,8 @@ class HotTier:
     def close(self) -> None:
         if self._mm is None:
             return
-        if self._registered:
-            self._lib.tr_client_unregister(self._base, self._pid)
+        if self._client_index >= 0:
+            self._lib.tr_client_unregister(self._base, self._client_index, self._pid)
         del self._header, self._anchor, self._ns_table
         self._base = 0
         mm, self._mm = self._mm, None

@@ -53,13 +53,13 @@ int tr_client_register(void *base, int32_t pid) {
     return -1;
 }
 
-void tr_client_unregister(void *base, int32_t pid) {
+/* Frees the one entry tr_client_register returned: a process may hold several attachments. */
+void tr_client_unregister(void *base, int32_t index, int32_t pid) {
     tr_header *h = base;
+    if (index < 0 || (uint32_t)index >= TR_MAX_CLIENTS) return;
     tr_client_entry *clients = tr_clients(base, h);
-    for (uint32_t i = 0; i < TR_MAX_CLIENTS; i++) {
-        int32_t expected = pid;
-        __atomic_compare_exchange_n(&clients[i].pid, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-    }
+    int32_t expected = pid;
+    __atomic_compare_exchange_n(&clients[index].pid, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
 static void release_slot(tr_slot *slot) {
