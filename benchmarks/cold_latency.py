@@ -27,8 +27,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))  # the installed package is the one measured
 os.environ.setdefault("LANCE_LOG", "error")  # LanceDB's per-query deprecation warnings would drown the table
 os.environ.setdefault("RUST_LOG", "error")
 LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev.json"

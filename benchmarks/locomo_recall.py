@@ -29,12 +29,11 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from tiered_recall.embedders import Embedder, resolve_embedder
+from tiered_recall.errors import InvalidInput
+from tiered_recall.ingest import DEFAULT_TEMPLATE, TEMPLATES, ingest
 
-from tiered_recall.embedders import Embedder, resolve_embedder  # noqa: E402
-from tiered_recall.errors import InvalidInput  # noqa: E402
-from tiered_recall.ingest import DEFAULT_TEMPLATE, TEMPLATES, ingest  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 DATA_FILE = "locomo_dev.json"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo"
