@@ -45,6 +45,31 @@ def main() -> int:
                 if not np.allclose(r.scores[i][: len(top)], top, atol=3e-3):
                     print(f"dim {dim} k {k} nq {nq} filter {filt}: wrong scores", file=sys.stderr)
                     bad += 1
+        # concurrent searches from several threads: the server batches them (search_many)
+        import threading
+        errs = []
+
+        def worker(t: int) -> None:
+            trng = np.random.default_rng([dim, t])
+            for j in range(6):
+                nq = (1, 2, 20)[(t + j) % 3]
+                q = trng.standard_normal((nq, dim)).astype(np.float32)
+                q /= np.linalg.norm(q, axis=1, keepdims=True)
+                filt = 12 if j % 2 else None
+                r = hot.search(q[0] if nq == 1 else q, k=10, namespace_hash=filt, touch=False)
+                for i in range(nq):
+                    s = np.where(keep & ((ns == filt) if filt is not None else True), stored @ q[i], -np.inf)
+                    if not np.allclose(r.scores[i], np.sort(s)[::-1][:10], atol=3e-3):
+                        errs.append((dim, t, j, i))
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errs:
+            print(f"dim {dim}: concurrent searches wrong: {errs[:5]}", file=sys.stderr)
+            bad += len(errs)
         hot.close()
         code = proc.popen.wait(timeout=600)
         print(f"dim {dim} {dtype}: sidecar exited with {code}")

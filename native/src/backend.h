@@ -25,6 +25,19 @@ typedef struct tr_backend_config {
  * holds which id; backends only write, move and scan rows. Vectors arrive as unit-normalised
  * float32; the backend converts to its dtype. Every call returns 0 or a negative tr_status,
  * with a message in err (errlen bytes) on failure. */
+/* One SEARCH request of a batch (search_many): queries are validated and unit-normalised. */
+typedef struct tr_search_request {
+    const float *queries; /* count x dim float32 */
+    uint32_t count;
+    uint32_t k;
+    int filter_ns;
+    uint64_t ns_hash;
+    int64_t *ids_out;     /* count x k */
+    float *scores_out;    /* count x k */
+    uint32_t hits;        /* out: as search()'s *hits */
+    int status;           /* out: 0 or a negative tr_status (then err holds the message) */
+} tr_search_request;
+
 typedef struct tr_backend_ops {
     const char *name;
     uint32_t kind; /* tr_backend_kind */
@@ -41,6 +54,10 @@ typedef struct tr_backend_ops {
     int (*search)(void *self, const float *queries, uint32_t nq, uint32_t k, int filter_ns,
                   uint64_t ns_hash, int64_t *ids_out, float *scores_out, uint32_t *hits,
                   char *err, size_t errlen);
+    /* Optional (NULL = the server calls search() per request): answers n requests, possibly in
+     * one pass over the rows. Returns 0 when each request's own status says how it went, or a
+     * negative tr_status that fails all of them. */
+    int (*search_many)(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen);
 } tr_backend_ops;
 
 extern const tr_backend_ops tr_cpu_backend;

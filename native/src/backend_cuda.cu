@@ -377,6 +377,287 @@ __global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t d
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* batched search: up to TR_BQ_MAX queries (from any number of requests) in one pass, tensor cores */
+/*
+ * f16 rows only. Queries are converted to f16 (error <= 2^-12 relative per element; the dot
+ * product's error stays far below the f16 rows' own rounding) and staged into shared memory.
+ * A warp scores a 16-row tile against 8 queries per mma.sync.m16n8k16 (f32 accumulate). The k
+ * index inside an mma is permuted so that each lane's A fragment is one 16-byte load of a row:
+ * lane (g = lane/4, t = lane%4) loads halves [8t, 8t+8) of each 32-half chunk of rows g and g+8
+ * and the matching halves of query g; sums over k do not depend on the order.
+ * Top-k per query per block: admit score >= threshold into a shared buffer (atomicAdd), and at
+ * the end of a 128-row round select the best k in place (one warp per query). A second kernel
+ * merges the blocks' lists per query (one block per query, pruned by the best block k-th score).
+ */
+#define TR_BQ_MAX 16     /* queries per pass (two n-tiles of 8) */
+#define TR_BQ_MAX_K 64   /* larger k goes through the per-query kernel */
+#define TR_BQ_CB 256     /* per-query candidate buffer in a scan block */
+#define TR_BQ_ROUND 128  /* rows per block round: 8 warps x 16 */
+#define TR_BQ_UNROLL 8   /* 32-half chunks loaded before the mmas */
+#define TR_BQ_INLINE 128 /* uint4 of f16 queries that ride in the kernel parameters (2 KB) */
+#define TR_BQ_MCB 2304   /* merge buffer: one 2048-entry round + kept */
+static_assert(TR_BQ_CB - TR_BQ_ROUND >= TR_BQ_MAX_K, "a flush must leave room for a round");
+static_assert(TR_BQ_MCB - 2048 >= TR_BQ_MAX_K, "merge flush must leave room for a round");
+
+struct BatchQuery {
+    unsigned long long ns_hash;
+    unsigned k;
+    int filter;
+};
+
+struct BatchParams {
+    const uint4 *X;
+    const int64_t *ids;
+    const uint64_t *ns;
+    const uint4 *q;           /* device copy of the f16 queries (nq x nvec) unless inline */
+    float *part_s;            /* [TR_BQ_MAX][grid][TR_BQ_MAX_K] */
+    long long *part_id;
+    unsigned *part_n;         /* [TR_BQ_MAX][grid] */
+    long long *out_ids;       /* mapped host memory, query i at i * out_stride */
+    float *out_s;
+    unsigned *out_hits;       /* query i at i */
+    unsigned long long rows;
+    unsigned long long rows_per_block;
+    unsigned nvec, nchunk, qstride, nq, out_stride, any_filter;
+    BatchQuery bq[TR_BQ_MAX];
+};
+
+template <int N>
+struct BatchInline {
+    uint4 v[N];
+};
+
+__device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* In-place selection of the best min(n, k) entries of s/id[0, n) into [0, min(n, k)), best first,
+ * by one warp. Returns min(n, k). */
+__device__ unsigned warp_select(float *s, long long *id, unsigned n, unsigned k) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned m = n < k ? n : k;
+    for (unsigned i = 0; i < m; i++) {
+        float bs = -INFINITY;
+        long long bid = LLONG_MAX;
+        unsigned bj = UINT_MAX;
+        for (unsigned j = i + lane; j < n; j += 32) {
+            const float v = s[j];
+            const long long d = id[j];
+            if (bj == UINT_MAX || better(v, d, bs, bid)) {
+                bs = v; bid = d; bj = j;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float os = __shfl_xor_sync(0xffffffffu, bs, o);
+            const long long oid = __shfl_xor_sync(0xffffffffu, bid, o);
+            const unsigned oj = __shfl_xor_sync(0xffffffffu, bj, o);
+            if (oj != UINT_MAX && (bj == UINT_MAX || better(os, oid, bs, bid) ||
+                                   (os == bs && oid == bid && oj < bj))) {
+                bs = os; bid = oid; bj = oj;
+            }
+        }
+        __syncwarp();
+        if (lane == 0 && bj != i) {
+            const float ts = s[i];
+            const long long ti = id[i];
+            s[i] = bs; id[i] = bid;
+            s[bj] = ts; id[bj] = ti;
+        }
+        __syncwarp();
+    }
+    return m;
+}
+
+template <int NT, int INL>
+__global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
+batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__ BatchInline<INL ? TR_BQ_INLINE : 1> qin) {
+    constexpr unsigned QR = NT * 8;
+    extern __shared__ uint4 bsm[];
+    uint4 *sq = bsm;                                                   /* QR x qstride */
+    long long *cid = reinterpret_cast<long long *>(bsm + QR * p.qstride); /* QR x CB */
+    float *cs = reinterpret_cast<float *>(cid + QR * TR_BQ_CB);          /* QR x CB */
+    __shared__ unsigned cnt[QR];
+    __shared__ float thr[QR];
+
+    const unsigned tid = threadIdx.x;
+    for (unsigned i = tid; i < QR * p.qstride; i += blockDim.x) {
+        const unsigned r = i / p.qstride, c = i - r * p.qstride;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < p.nq && c < p.nvec) v = INL ? qin.v[r * p.nvec + c] : p.q[r * p.nvec + c];
+        sq[i] = v;
+    }
+    if (tid < QR) {
+        cnt[tid] = 0;
+        thr[tid] = -INFINITY;
+    }
+    __syncthreads();
+
+    const unsigned warp = tid >> 5, lane = tid & 31u, g = lane >> 2, t = lane & 3u;
+    const unsigned long long start = (unsigned long long)blockIdx.x * p.rows_per_block;
+    unsigned long long end = start + p.rows_per_block;
+    if (end > p.rows) end = p.rows;
+    for (unsigned long long base = start; base < end; base += TR_BQ_ROUND) {
+        const unsigned long long row0 = base + warp * 16ull;
+        if (row0 < end) { /* warp-uniform */
+            const unsigned long long rg = row0 + g, rh = rg + 8;
+            const bool vg = rg < end, vh = rh < end;
+            const uint4 *xg = p.X + (vg ? rg : 0) * p.nvec;
+            const uint4 *xh = p.X + (vh ? rh : 0) * p.nvec;
+            float acc[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+            for (unsigned c0 = 0; c0 < p.nchunk; c0 += TR_BQ_UNROLL) {
+                uint4 a[TR_BQ_UNROLL], b[TR_BQ_UNROLL];
+#pragma unroll
+                for (int u = 0; u < TR_BQ_UNROLL; u++) {
+                    const unsigned cc = (c0 + u) * 4u + t;
+                    const bool ok = cc < p.nvec; /* also false past the last chunk */
+                    a[u] = (ok && vg) ? __ldg(xg + cc) : make_uint4(0, 0, 0, 0);
+                    b[u] = (ok && vh) ? __ldg(xh + cc) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < TR_BQ_UNROLL; u++) {
+                    if (c0 + u < p.nchunk) {
+                        const unsigned cc = (c0 + u) * 4u + t;
+#pragma unroll
+                        for (int n = 0; n < NT; n++) {
+                            const uint4 qv = sq[(n * 8 + g) * p.qstride + cc];
+                            mma16816(acc[n], a[u].x, b[u].x, a[u].y, b[u].y, qv.x, qv.y);
+                            mma16816(acc[n], a[u].z, b[u].z, a[u].w, b[u].w, qv.z, qv.w);
+                        }
+                    }
+                }
+            }
+            uint64_t nsg = 0, nsh = 0;
+            if (p.any_filter) {
+                nsg = vg ? p.ns[rg] : 0;
+                nsh = vh ? p.ns[rh] : 0;
+            }
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const unsigned qi = n * 8 + 2 * t + (e & 1);
+                    const bool hi = e >= 2;
+                    const bool v = hi ? vh : vg;
+                    if (qi < p.nq && v) {
+                        const BatchQuery &bq = p.bq[qi];
+                        if (bq.filter && (hi ? nsh : nsg) != bq.ns_hash) continue;
+                        const float sc = acc[n][e];
+                        if (sc >= thr[qi]) {
+                            const unsigned pos = atomicAdd(&cnt[qi], 1u);
+                            cs[qi * TR_BQ_CB + pos] = sc;
+                            cid[qi * TR_BQ_CB + pos] = (long long)p.ids[hi ? rh : rg];
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        for (unsigned qi = warp; qi < p.nq; qi += TR_CUDA_WARPS) {
+            const unsigned n = cnt[qi];
+            if (n > TR_BQ_CB - TR_BQ_ROUND) {
+                const unsigned k = p.bq[qi].k;
+                const unsigned m = warp_select(cs + qi * TR_BQ_CB, cid + qi * TR_BQ_CB, n, k);
+                if (lane == 0) {
+                    cnt[qi] = m;
+                    thr[qi] = m == k ? cs[qi * TR_BQ_CB + k - 1] : -INFINITY;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const unsigned G = gridDim.x;
+    for (unsigned qi = warp; qi < p.nq; qi += TR_CUDA_WARPS) {
+        const unsigned m = warp_select(cs + qi * TR_BQ_CB, cid + qi * TR_BQ_CB, cnt[qi], p.bq[qi].k);
+        const size_t o = ((size_t)qi * G + blockIdx.x) * TR_BQ_MAX_K;
+        for (unsigned j = lane; j < m; j += 32) {
+            p.part_s[o + j] = cs[qi * TR_BQ_CB + j];
+            p.part_id[o + j] = cid[qi * TR_BQ_CB + j];
+        }
+        if (lane == 0) p.part_n[(size_t)qi * G + blockIdx.x] = m;
+    }
+}
+
+/* One block per query: merges the scan blocks' sorted lists (G of them) into the final top-k. */
+__global__ void __launch_bounds__(TR_CUDA_BLOCK)
+batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
+    __shared__ float ms[TR_BQ_MCB];
+    __shared__ long long mid[TR_BQ_MCB];
+    __shared__ unsigned mcnt;
+    __shared__ float mthr;
+    __shared__ float wmax[TR_CUDA_WARPS];
+    const unsigned qi = blockIdx.x, tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const unsigned k = p.bq[qi].k;
+    const unsigned *pn = p.part_n + (size_t)qi * G;
+    const float *ps = p.part_s + (size_t)qi * G * TR_BQ_MAX_K;
+    const long long *pid = p.part_id + (size_t)qi * G * TR_BQ_MAX_K;
+    /* any list holding k entries bounds the global k-th score from below */
+    float local = -INFINITY;
+    for (unsigned b = tid; b < G; b += blockDim.x)
+        if (pn[b] == k) local = fmaxf(local, ps[(size_t)b * TR_BQ_MAX_K + k - 1]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
+    if (lane == 0) wmax[warp] = local;
+    if (tid == 0) mcnt = 0;
+    __syncthreads();
+    if (tid == 0) {
+        float bnd = -INFINITY;
+        for (int w = 0; w < TR_CUDA_WARPS; w++) bnd = fmaxf(bnd, wmax[w]);
+        mthr = bnd;
+    }
+    __syncthreads();
+    const unsigned total = G * k;
+    for (unsigned base = 0; base < total; base += 8 * TR_CUDA_BLOCK) {
+        float s[8];
+        long long d[8];
+        bool ok[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const unsigned e = base + i * TR_CUDA_BLOCK + tid;
+            const unsigned b = e / k, j = e - b * k;
+            ok[i] = e < total && j < pn[e < total ? b : 0];
+            s[i] = ok[i] ? ps[(size_t)b * TR_BQ_MAX_K + j] : -INFINITY;
+            d[i] = ok[i] ? pid[(size_t)b * TR_BQ_MAX_K + j] : LLONG_MAX;
+        }
+        const float th = mthr;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if (ok[i] && s[i] >= th) {
+                const unsigned pos = atomicAdd(&mcnt, 1u);
+                ms[pos] = s[i];
+                mid[pos] = d[i];
+            }
+        }
+        __syncthreads();
+        if (warp == 0 && mcnt > TR_BQ_MCB - 8 * TR_CUDA_BLOCK) {
+            const unsigned m = warp_select(ms, mid, mcnt, k);
+            if (lane == 0) {
+                mcnt = m;
+                if (m == k) mthr = fmaxf(mthr, ms[k - 1]);
+            }
+        }
+        __syncthreads();
+    }
+    if (warp == 0) {
+        const unsigned m = warp_select(ms, mid, mcnt, k);
+        long long *oi = p.out_ids + (size_t)qi * p.out_stride;
+        float *os = p.out_s + (size_t)qi * p.out_stride;
+        for (unsigned j = lane; j < k; j += 32) {
+            const bool have = j < m;
+            oi[j] = have ? mid[j] : -1;
+            os[j] = have ? ms[j] : -INFINITY;
+        }
+        if (lane == 0) p.out_hits[qi] = m;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* host side                                                                                   */
 
 typedef struct cuda_backend {
@@ -408,9 +689,19 @@ typedef struct cuda_backend {
     size_t hstage_cap;     /* rows */
     cudaEvent_t stage_free;
     int poison;            /* TR_CUDA_POISON=1: fill result buffers with garbage before each search */
+    /* batched search (f16 rows; TR_CUDA_MMA=0 turns it off) */
+    int mma_ok;
+    size_t smem_optin;
+    float *bpart_s;        /* TR_BQ_MAX x grid_max x TR_BQ_MAX_K */
+    long long *bpart_id;
+    unsigned *bpart_n;
+    uint4 *hq16;           /* pinned f16 queries */
+    uint4 *dq;             /* their device copy */
+    uint32_t bq_cap;       /* queries */
 } cuda_backend;
 
 static void cuda_destroy(void *self);
+static size_t batch_smem(const cuda_backend *b, int nt);
 
 static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen) {
     cuda_backend *b = (cuda_backend *)calloc(1, sizeof *b);
@@ -479,6 +770,27 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
     CREATE_TRY(cudaMalloc(&b->part_n, (size_t)b->grid_max * sizeof(unsigned)));
     CREATE_TRY(cudaMalloc(&b->done, sizeof(unsigned)));
     CREATE_TRY(cudaMemset(b->done, 0, sizeof(unsigned)));
+    {
+        const char *mma = getenv("TR_CUDA_MMA");
+        int optin = 0;
+        CREATE_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cfg->device));
+        b->smem_optin = (size_t)optin;
+        b->mma_ok = b->dtype == TR_DTYPE_F16 && !(mma && mma[0] == '0') && batch_smem(b, 2) <= b->smem_optin;
+    }
+    if (b->mma_ok) {
+        const size_t parts = (size_t)TR_BQ_MAX * b->grid_max * TR_BQ_MAX_K;
+        CREATE_TRY(cudaMalloc(&b->bpart_s, parts * sizeof(float)));
+        CREATE_TRY(cudaMalloc(&b->bpart_id, parts * sizeof(long long)));
+        CREATE_TRY(cudaMalloc(&b->bpart_n, (size_t)TR_BQ_MAX * b->grid_max * sizeof(unsigned)));
+        CREATE_TRY(cudaMemset(b->bpart_s, 0, parts * sizeof(float)));
+        CREATE_TRY(cudaMemset(b->bpart_id, 0, parts * sizeof(long long)));
+        CREATE_TRY(cudaMemset(b->bpart_n, 0, (size_t)TR_BQ_MAX * b->grid_max * sizeof(unsigned)));
+        const int sm1 = (int)batch_smem(b, 1), sm2 = (int)batch_smem(b, 2);
+        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm1));
+        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm1));
+        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm2));
+        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm2));
+    }
     CREATE_TRY(cudaDeviceSynchronize());
     return b;
 #undef CREATE_TRY
@@ -490,6 +802,8 @@ static void cuda_destroy(void *self) {
     if (b->stream) cudaStreamSynchronize(b->stream);
     cudaFree(b->X); cudaFree(b->ids); cudaFree(b->ns);
     cudaFree(b->part_s); cudaFree(b->part_id); cudaFree(b->part_n); cudaFree(b->done);
+    cudaFree(b->bpart_s); cudaFree(b->bpart_id); cudaFree(b->bpart_n); cudaFree(b->dq);
+    if (b->hq16) cudaFreeHost(b->hq16);
     if (b->hq) cudaFreeHost(b->hq);
     if (b->hres_ids) cudaFreeHost(b->hres_ids);
     if (b->hres_s) cudaFreeHost(b->hres_s);
@@ -696,6 +1010,166 @@ static int cuda_search(void *self, const float *queries, uint32_t nq, uint32_t k
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* batched search (search_many)                                                                */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("f16c,avx"))) static void f32_to_f16_f16c(const float *src, uint16_t *dst, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) {
+        __half h = __float2half_rn(src[i]);
+        memcpy(dst + i, &h, 2);
+    }
+}
+#endif
+
+static void f32_to_f16(const float *src, uint16_t *dst, uint32_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    static int f16c = -1;
+    if (f16c < 0) f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    if (f16c) {
+        f32_to_f16_f16c(src, dst, n);
+        return;
+    }
+#endif
+    for (uint32_t i = 0; i < n; i++) {
+        __half h = __float2half_rn(src[i]);
+        memcpy(dst + i, &h, 2);
+    }
+}
+
+static size_t batch_smem(const cuda_backend *b, int nt) {
+    const size_t nchunk = (b->nvec + 3) / 4, qstride = nchunk * 4 + 1;
+    return (size_t)nt * 8 * qstride * 16 + (size_t)nt * 8 * TR_BQ_CB * (sizeof(long long) + sizeof(float));
+}
+
+static int ensure_batch_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen) {
+    if (nq <= b->bq_cap) return 0;
+    CUDA_TRY(cudaStreamSynchronize(b->stream));
+    if (b->hq16) cudaFreeHost(b->hq16);
+    if (b->dq) cudaFree(b->dq);
+    b->hq16 = NULL;
+    b->dq = NULL;
+    b->bq_cap = 0;
+    const uint32_t cap = nq < 64 ? 64 : nq;
+    CUDA_TRY(cudaHostAlloc((void **)&b->hq16, (size_t)cap * b->nvec * sizeof(uint4), cudaHostAllocPortable));
+    CUDA_TRY(cudaMalloc((void **)&b->dq, (size_t)cap * b->nvec * sizeof(uint4)));
+    b->bq_cap = cap;
+    return 0;
+}
+
+template <int NT, int INL>
+static cudaError_t launch_batch(cuda_backend *b, const BatchParams &p, unsigned grid, const uint4 *q_host) {
+    BatchInline<INL ? TR_BQ_INLINE : 1> qin;
+    if (INL) memcpy(qin.v, q_host, (size_t)p.nq * p.nvec * sizeof(uint4));
+    else memset(&qin, 0, sizeof qin);
+    batch_scan_kernel<NT, INL><<<grid, TR_CUDA_BLOCK, batch_smem(b, NT), b->stream>>>(p, qin);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    batch_merge_kernel<<<p.nq, TR_CUDA_BLOCK, 0, b->stream>>>(p, grid);
+    return cudaGetLastError();
+}
+
+static int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen) {
+    cuda_backend *b = (cuda_backend *)self;
+    const bool mma = b->mma_ok && b->rows > 0 && b->rows < (1ull << 40);
+    uint32_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        tr_search_request *r = &reqs[i];
+        if (mma && r->k >= 1 && r->k <= TR_BQ_MAX_K) {
+            total += r->count;
+            continue;
+        }
+        r->status = cuda_search(self, r->queries, r->count, r->k, r->filter_ns, r->ns_hash, r->ids_out,
+                                r->scores_out, &r->hits, err, errlen);
+    }
+    if (!total) return 0;
+    int rc = ensure_query_buffers(b, total, err, errlen);
+    if (rc) return rc;
+    rc = ensure_batch_buffers(b, total, err, errlen);
+    if (rc) return rc;
+    /* queries -> f16, padded to whole uint4 */
+    {
+        uint32_t f = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            tr_search_request *r = &reqs[i];
+            if (r->k < 1 || r->k > TR_BQ_MAX_K) continue;
+            for (uint32_t q = 0; q < r->count; q++, f++) {
+                uint16_t *dst = (uint16_t *)(b->hq16 + (size_t)f * b->nvec);
+                f32_to_f16(r->queries + (size_t)q * b->dim, dst, b->dim);
+                for (uint32_t j = b->dim; j < b->ld; j++) dst[j] = 0;
+            }
+        }
+    }
+    if (b->poison) {
+        memset(b->hres_ids, 0x7f, (size_t)total * b->max_k * sizeof(long long));
+        memset(b->hres_s, 0x7f, (size_t)total * b->max_k * sizeof(float));
+        memset(b->hres_hits, 0x7f, (size_t)total * sizeof(unsigned));
+    }
+    uint64_t rpb = (b->rows + b->grid_max - 1) / b->grid_max;
+    if (rpb < TR_BQ_ROUND) rpb = TR_BQ_ROUND;
+    const unsigned grid = (unsigned)((b->rows + rpb - 1) / rpb);
+    const bool all_inline = total * b->nvec <= TR_BQ_INLINE;
+    if (!all_inline)
+        CUDA_TRY(cudaMemcpyAsync(b->dq, b->hq16, (size_t)total * b->nvec * sizeof(uint4), cudaMemcpyHostToDevice,
+                                 b->stream));
+    BatchParams p;
+    memset(&p, 0, sizeof p);
+    p.X = b->X;
+    p.ids = b->ids;
+    p.ns = b->ns;
+    p.part_s = b->bpart_s;
+    p.part_id = b->bpart_id;
+    p.part_n = b->bpart_n;
+    p.rows = b->rows;
+    p.rows_per_block = rpb;
+    p.nvec = b->nvec;
+    p.nchunk = (b->nvec + 3) / 4;
+    p.qstride = p.nchunk * 4 + 1;
+    p.out_stride = b->max_k;
+    uint32_t ri = 0, rq = 0; /* request and query cursor */
+    for (uint32_t f0 = 0; f0 < total; f0 += TR_BQ_MAX) {
+        p.nq = total - f0 < TR_BQ_MAX ? total - f0 : TR_BQ_MAX;
+        p.any_filter = 0;
+        for (uint32_t j = 0; j < p.nq; j++) {
+            while (reqs[ri].k < 1 || reqs[ri].k > TR_BQ_MAX_K || rq >= reqs[ri].count) {
+                ri++;
+                rq = 0;
+            }
+            p.bq[j].k = reqs[ri].k;
+            p.bq[j].filter = reqs[ri].filter_ns ? 1 : 0;
+            p.bq[j].ns_hash = reqs[ri].ns_hash;
+            p.any_filter |= (unsigned)p.bq[j].filter;
+            rq++;
+        }
+        p.q = b->dq + (size_t)f0 * b->nvec;
+        p.out_ids = b->hres_ids_dev + (size_t)f0 * b->max_k;
+        p.out_s = b->hres_s_dev + (size_t)f0 * b->max_k;
+        p.out_hits = b->hres_hits_dev + f0;
+        const uint4 *qh = b->hq16 + (size_t)f0 * b->nvec;
+        cudaError_t e;
+        if (all_inline) e = p.nq <= 8 ? launch_batch<1, 1>(b, p, grid, qh) : launch_batch<2, 1>(b, p, grid, qh);
+        else e = p.nq <= 8 ? launch_batch<1, 0>(b, p, grid, qh) : launch_batch<2, 0>(b, p, grid, qh);
+        CUDA_TRY(e);
+    }
+    CUDA_TRY(cudaStreamSynchronize(b->stream));
+    uint32_t f = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        tr_search_request *r = &reqs[i];
+        if (r->k < 1 || r->k > TR_BQ_MAX_K) continue;
+        for (uint32_t q = 0; q < r->count; q++, f++) {
+            memcpy(r->ids_out + (size_t)q * r->k, b->hres_ids + (size_t)f * b->max_k, (size_t)r->k * sizeof(int64_t));
+            memcpy(r->scores_out + (size_t)q * r->k, b->hres_s + (size_t)f * b->max_k, (size_t)r->k * sizeof(float));
+            r->hits = b->hres_hits[f];
+        }
+        r->status = 0;
+    }
+    return 0;
+}
+
 extern "C" const tr_backend_ops tr_cuda_backend = {
     "cuda",
     TR_BACKEND_CUDA,
@@ -705,4 +1179,5 @@ extern "C" const tr_backend_ops tr_cuda_backend = {
     cuda_move_row,
     cuda_set_row_count,
     cuda_search,
+    cuda_search_many,
 };

@@ -18,11 +18,24 @@
 
 #define SWEEP_INTERVAL_NS (100ull * 1000 * 1000)
 
+/* Searches gathered in one pass over the ring (backends with search_many). */
+#define TR_BATCH_MAX 64
+struct search_batch {
+    uint32_t n;
+    size_t queries, results; /* scratch used: query vectors, result entries */
+    tr_slot *slot[TR_BATCH_MAX];
+    uint64_t t0[TR_BATCH_MAX];
+    uint32_t flags[TR_BATCH_MAX];
+    tr_search_request req[TR_BATCH_MAX];
+};
+typedef struct search_batch search_batch;
+
 int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, void *backend,
                    const tr_server_options *opt, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     s->seg = seg;
     s->h = seg->header;
+    s->geo = *seg->header; /* private copy: clients can write the shared header, so never trust it */
     s->ops = ops;
     s->backend = backend;
     s->opt = *opt;
@@ -33,9 +46,20 @@ int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, voi
     s->id_scratch = malloc((size_t)h->max_search_queries * h->max_k * sizeof(int64_t));
     s->score_scratch = malloc((size_t)h->max_search_queries * h->max_k * sizeof(float));
     s->suspect_seq = calloc(h->slot_count, sizeof(uint32_t));
-    if (!s->query_scratch || !s->id_scratch || !s->score_scratch || !s->suspect_seq) {
+    s->suspect_sweeps = calloc(h->slot_count, sizeof(uint8_t));
+    s->meta_scratch = malloc((size_t)h->max_upsert_rows * 3 * sizeof(int64_t));
+    if (!s->query_scratch || !s->id_scratch || !s->score_scratch || !s->suspect_seq || !s->suspect_sweeps ||
+        !s->meta_scratch) {
         snprintf(err, errlen, "out of memory for request scratch space");
         return -1;
+    }
+    const char *force_batch = getenv("TR_SERVER_BATCH");
+    if (ops->search_many || (force_batch && force_batch[0] == '1')) {
+        s->batch = calloc(1, sizeof(search_batch));
+        if (!s->batch) {
+            snprintf(err, errlen, "out of memory for the search batch");
+            return -1;
+        }
     }
     s->last_client_seen_ns = tr_now_ns();
     return tr_store_init(&s->store, h->dim, h->capacity, h->max_upsert_rows, tr_ns_table(seg->base, h),
@@ -48,6 +72,9 @@ void tr_server_free(tr_server *s) {
     free(s->id_scratch);
     free(s->score_scratch);
     free(s->suspect_seq);
+    free(s->suspect_sweeps);
+    free(s->meta_scratch);
+    free(s->batch);
 }
 
 static int reply_error(tr_slot *slot, int status, const char *fmt, ...) {
@@ -59,12 +86,12 @@ static int reply_error(tr_slot *slot, int status, const char *fmt, ...) {
 }
 
 /* Copies count vectors out of the slot, checks they are finite, normalises when asked. */
-static int take_vectors(tr_server *s, tr_slot *slot, const unsigned char *src, uint32_t count,
-                        int normalise) {
-    uint32_t d = s->h->dim;
-    memcpy(s->query_scratch, src, (size_t)count * d * sizeof(float));
+static int take_vectors_to(tr_server *s, tr_slot *slot, const unsigned char *src, uint32_t count,
+                           int normalise, float *dst) {
+    uint32_t d = s->geo.dim;
+    memcpy(dst, src, (size_t)count * d * sizeof(float));
     for (uint32_t i = 0; i < count; i++) {
-        float *v = s->query_scratch + (size_t)i * d;
+        float *v = dst + (size_t)i * d;
         double norm = 0.0;
         for (uint32_t j = 0; j < d; j++) {
             if (!isfinite(v[j]))
@@ -83,6 +110,25 @@ static int take_vectors(tr_server *s, tr_slot *slot, const unsigned char *src, u
     return TR_OK;
 }
 
+static int take_vectors(tr_server *s, tr_slot *slot, const unsigned char *src, uint32_t count,
+                        int normalise) {
+    return take_vectors_to(s, slot, src, count, normalise, s->query_scratch);
+}
+
+/* The checks of a SEARCH request that come before its vectors are read. */
+static int check_search(tr_server *s, tr_slot *slot, uint32_t flags, uint32_t count, uint32_t k) {
+    const tr_header *g = &s->geo;
+    if (flags & ~TR_FLAGS_KNOWN)
+        return reply_error(slot, TR_E_BAD_FLAGS, "unknown flags 0x%x", flags & ~TR_FLAGS_KNOWN);
+    if (k < 1 || k > g->max_k)
+        return reply_error(slot, TR_E_BAD_K, "k=%u is out of range: use 1 <= k <= %u", k, g->max_k);
+    if (count < 1 || count > g->max_search_queries ||
+        TR_SEARCH_BYTES(count, g->dim, k) > g->slot_payload_bytes)
+        return reply_error(slot, TR_E_BAD_COUNT, "%u queries at k=%u do not fit one request "
+                           "(at most %u at k=%u): send fewer", count, k, g->max_search_queries, g->max_k);
+    return TR_OK;
+}
+
 static void record_latency(tr_header *h, uint64_t ns) {
     uint32_t b = ns ? 63u - (uint32_t)__builtin_clzll(ns) : 0;
     h->latency_hist[b]++;
@@ -90,7 +136,8 @@ static void record_latency(tr_header *h, uint64_t ns) {
 }
 
 static int handle(tr_server *s, tr_slot *slot) {
-    tr_header *h = s->h;
+    tr_header *h = s->h;         /* counters only */
+    const tr_header *g = &s->geo; /* geometry and limits */
     unsigned char *p = tr_slot_payload(slot);
     uint32_t op = slot->opcode, flags = slot->flags, count = slot->count, k = slot->k;
     char *err = slot->message;
@@ -105,13 +152,9 @@ static int handle(tr_server *s, tr_slot *slot) {
     case TR_OP_PING:
         return TR_OK;
     case TR_OP_SEARCH: {
-        if (k < 1 || k > h->max_k)
-            return reply_error(slot, TR_E_BAD_K, "k=%u is out of range: use 1 <= k <= %u", k, h->max_k);
-        if (count < 1 || count > h->max_search_queries ||
-            TR_SEARCH_BYTES(count, h->dim, k) > h->slot_payload_bytes)
-            return reply_error(slot, TR_E_BAD_COUNT, "%u queries at k=%u do not fit one request "
-                               "(at most %u at k=%u): send fewer", count, k, h->max_search_queries, h->max_k);
-        int rc = take_vectors(s, slot, p, count, flags & TR_FLAG_NORMALIZE);
+        int rc = check_search(s, slot, flags, count, k);
+        if (rc) return rc;
+        rc = take_vectors(s, slot, p, count, flags & TR_FLAG_NORMALIZE);
         if (rc) return rc;
         uint64_t t0 = tr_now_ns();
         uint32_t hits = 0;
@@ -121,7 +164,7 @@ static int handle(tr_server *s, tr_slot *slot) {
         record_latency(h, tr_now_ns() - t0);
         h->searches++;
         h->queries += count;
-        unsigned char *out = p + TR_SEARCH_RESULT_OFFSET(count, h->dim);
+        unsigned char *out = p + TR_SEARCH_RESULT_OFFSET(count, g->dim);
         memcpy(out, s->id_scratch, (size_t)count * k * sizeof(int64_t));
         memcpy(out + (size_t)count * k * sizeof(int64_t), s->score_scratch, (size_t)count * k * sizeof(float));
         if (!(flags & TR_FLAG_NO_TOUCH)) {
@@ -131,15 +174,18 @@ static int handle(tr_server *s, tr_slot *slot) {
         return TR_OK;
     }
     case TR_OP_UPSERT: {
-        if (count < 1 || count > h->max_upsert_rows)
+        if (count < 1 || count > g->max_upsert_rows)
             return reply_error(slot, TR_E_BAD_COUNT, "%u rows in one upsert: send 1..%u per request",
-                               count, h->max_upsert_rows);
+                               count, g->max_upsert_rows);
         int rc = take_vectors(s, slot, p + TR_UPSERT_VECTORS_OFFSET(count), count, flags & TR_FLAG_NORMALIZE);
         if (rc) return rc;
-        const int64_t *ids = (const int64_t *)p;
-        const uint64_t *ns = (const uint64_t *)(p + 8ull * count);
-        const int64_t *created = (const int64_t *)(p + 16ull * count);
-        int64_t *evicted = (int64_t *)(p + TR_UPSERT_REPLY_OFFSET(count, h->dim));
+        /* Private copies: the store reads ids and namespaces more than once, and a client may
+         * rewrite the payload while it is being served. */
+        memcpy(s->meta_scratch, p, 24ull * count);
+        const int64_t *ids = s->meta_scratch;
+        const uint64_t *ns = (const uint64_t *)(s->meta_scratch + count);
+        const int64_t *created = s->meta_scratch + 2ull * count;
+        int64_t *evicted = (int64_t *)(p + TR_UPSERT_REPLY_OFFSET(count, g->dim));
         uint32_t n_evicted = 0;
         rc = tr_store_upsert(&s->store, ids, ns, created, s->query_scratch, count, evicted, &n_evicted,
                              err, errlen);
@@ -152,7 +198,8 @@ static int handle(tr_server *s, tr_slot *slot) {
     }
     case TR_OP_DELETE:
     case TR_OP_CONTAINS: {
-        uint64_t limit = h->slot_payload_bytes / 9u;
+        /* ids (8 bytes each), then a 64-aligned u8 reply per id: both must fit the payload */
+        uint64_t limit = (g->slot_payload_bytes - 64u) / 9u;
         if (count < 1 || count > limit)
             return reply_error(slot, TR_E_BAD_COUNT, "%u ids in one request: send 1..%llu", count,
                                (unsigned long long)limit);
@@ -169,7 +216,7 @@ static int handle(tr_server *s, tr_slot *slot) {
         return rc;
     }
     case TR_OP_SET_TOTALS: {
-        uint64_t limit = h->slot_payload_bytes / 16u;
+        uint64_t limit = g->slot_payload_bytes / 16u;
         if (count < 1 || count > limit)
             return reply_error(slot, TR_E_BAD_COUNT, "%u namespaces in one request: send 1..%llu",
                                count, (unsigned long long)limit);
@@ -187,10 +234,8 @@ static int handle(tr_server *s, tr_slot *slot) {
     return reply_error(slot, TR_E_BAD_OPCODE, "unknown opcode %u", op);
 }
 
-static void serve_slot(tr_server *s, tr_slot *slot) {
-    uint64_t t0 = tr_now_ns();
-    slot->message[0] = '\0';
-    int status = handle(s, slot);
+/* Publishes a reply: status, DONE (or FREE when abandoned), and wakes a sleeping client. */
+static void finish_slot(tr_server *s, tr_slot *slot, int status, uint64_t t0) {
     s->h->requests++;
     if (status != TR_OK) s->h->errors++;
     slot->status = status;
@@ -209,11 +254,121 @@ static void serve_slot(tr_server *s, tr_slot *slot) {
     if (__atomic_load_n(&slot->client_waiting, __ATOMIC_SEQ_CST)) tr_futex_wake(&slot->state, 1);
 }
 
+static void serve_slot(tr_server *s, tr_slot *slot) {
+    uint64_t t0 = tr_now_ns();
+    slot->message[0] = '\0';
+    finish_slot(s, slot, handle(s, slot), t0);
+}
+
+/* Batched search (backends with search_many, e.g. CUDA): every SEARCH published when a pass over
+ * the ring starts is checked and copied out as usual, then all of them are answered by one backend
+ * call (one pass over the rows for all their queries); other requests are served in ring order. */
+
+static void run_batch(tr_server *s, search_batch *b) {
+    if (!b->n) return;
+    tr_header *h = s->h;
+    const tr_header *g = &s->geo;
+    char err[TR_MESSAGE_BYTES];
+    err[0] = '\0';
+    for (uint32_t i = 0; i < b->n; i++) b->req[i].status = TR_OK;
+    uint64_t t0 = tr_now_ns();
+    int rc = 0;
+    if (s->ops->search_many) {
+        rc = s->ops->search_many(s->backend, b->req, b->n, err, sizeof err);
+    } else { /* TR_SERVER_BATCH=1 on a backend without search_many: same path, one call per request */
+        for (uint32_t i = 0; i < b->n; i++) {
+            tr_search_request *r = &b->req[i];
+            r->status = s->ops->search(s->backend, r->queries, r->count, r->k, r->filter_ns, r->ns_hash,
+                                       r->ids_out, r->scores_out, &r->hits, err, sizeof err);
+        }
+    }
+    uint64_t dt = tr_now_ns() - t0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        tr_slot *slot = b->slot[i];
+        tr_search_request *r = &b->req[i];
+        int status = rc ? rc : r->status;
+        if (status == TR_OK) {
+            record_latency(h, dt);
+            h->searches++;
+            h->queries += r->count;
+            unsigned char *out = tr_slot_payload(slot) + TR_SEARCH_RESULT_OFFSET(r->count, g->dim);
+            memcpy(out, r->ids_out, (size_t)r->count * r->k * sizeof(int64_t));
+            memcpy(out + (size_t)r->count * r->k * sizeof(int64_t), r->scores_out,
+                   (size_t)r->count * r->k * sizeof(float));
+            if (!(b->flags[i] & TR_FLAG_NO_TOUCH)) {
+                for (uint32_t q = 0; q < r->count; q++)
+                    tr_store_touch_ids(&s->store, r->ids_out + (size_t)q * r->k, r->hits);
+            }
+            slot->reply_count = r->hits;
+        } else {
+            memcpy(slot->message, err, TR_MESSAGE_BYTES);
+            slot->message[TR_MESSAGE_BYTES - 1] = '\0';
+        }
+        finish_slot(s, slot, status, b->t0[i]);
+    }
+    b->n = 0;
+    b->queries = b->results = 0;
+}
+
+static int serve_ready_batched(tr_server *s) {
+    const tr_header *g = &s->geo;
+    const size_t query_cap = (size_t)(g->max_upsert_rows > g->max_search_queries ? g->max_upsert_rows
+                                                                                   : g->max_search_queries);
+    const size_t result_cap = (size_t)g->max_search_queries * g->max_k;
+    search_batch *b = s->batch;
+    int served = 0;
+    for (uint32_t i = 0; i < g->slot_count; i++) {
+        tr_slot *slot = tr_slot_at(s->seg->base, g, i);
+        uint32_t st = tr_load_acquire(&slot->state);
+        if (st != TR_SLOT_REQUEST) continue;
+        if (!tr_cas(&slot->state, &st, (uint32_t)TR_SLOT_BUSY)) continue;
+        served++;
+        if (slot->opcode != TR_OP_SEARCH) {
+            serve_slot(s, slot);
+            continue;
+        }
+        uint64_t t0 = tr_now_ns();
+        slot->message[0] = '\0';
+        slot->reply_count = 0;
+        /* read once: the client could rewrite its slot while it is being served */
+        uint32_t flags = slot->flags, count = slot->count, k = slot->k;
+        uint64_t ns_hash = slot->ns_hash;
+        int rc = check_search(s, slot, flags, count, k);
+        if (rc == TR_OK && (b->n == TR_BATCH_MAX || b->queries + count > query_cap ||
+                            b->results + (size_t)count * k > result_cap))
+            run_batch(s, b); /* full: answer what is gathered, then start a new batch */
+        float *q = s->query_scratch + b->queries * g->dim;
+        if (rc == TR_OK) rc = take_vectors_to(s, slot, tr_slot_payload(slot), count, flags & TR_FLAG_NORMALIZE, q);
+        if (rc != TR_OK) {
+            finish_slot(s, slot, rc, t0);
+            continue;
+        }
+        tr_search_request *r = &b->req[b->n];
+        memset(r, 0, sizeof *r);
+        r->queries = q;
+        r->count = count;
+        r->k = k;
+        r->filter_ns = (flags & TR_FLAG_NS_FILTER) != 0;
+        r->ns_hash = ns_hash;
+        r->ids_out = s->id_scratch + b->results;
+        r->scores_out = s->score_scratch + b->results;
+        b->slot[b->n] = slot;
+        b->t0[b->n] = t0;
+        b->flags[b->n] = flags;
+        b->n++;
+        b->queries += count;
+        b->results += (size_t)count * k;
+    }
+    run_batch(s, b);
+    return served;
+}
+
 /* One pass over the ring; returns how many requests were served. */
 static int serve_ready(tr_server *s) {
+    if (s->batch) return serve_ready_batched(s);
     int served = 0;
-    for (uint32_t i = 0; i < s->h->slot_count; i++) {
-        tr_slot *slot = tr_slot_at(s->seg->base, s->h, i);
+    for (uint32_t i = 0; i < s->geo.slot_count; i++) {
+        tr_slot *slot = tr_slot_at(s->seg->base, &s->geo, i);
         uint32_t st = tr_load_acquire(&slot->state);
         if (st != TR_SLOT_REQUEST) continue;
         if (!tr_cas(&slot->state, &st, (uint32_t)TR_SLOT_BUSY)) continue;
@@ -227,28 +382,32 @@ static int serve_ready(tr_server *s) {
 static void sweep(tr_server *s, uint64_t now) {
     tr_header *h = s->h;
     __atomic_store_n(&h->heartbeat_ns, now, __ATOMIC_RELEASE);
-    for (uint32_t i = 0; i < h->slot_count; i++) {
-        tr_slot *slot = tr_slot_at(s->seg->base, h, i);
+    for (uint32_t i = 0; i < s->geo.slot_count; i++) {
+        tr_slot *slot = tr_slot_at(s->seg->base, &s->geo, i);
         uint32_t st = tr_load_acquire(&slot->state);
         int32_t owner = slot->owner_pid;
         uint32_t seq = slot->seq;
         int held = st == TR_SLOT_CLAIMED || st == TR_SLOT_DONE;
-        if (!held || owner == 0 || tr_pid_alive(owner)) {
-            s->suspect_seq[i] = 0;
+        if (!held || (owner != 0 && tr_pid_alive(owner))) {
+            s->suspect_sweeps[i] = 0;
             continue;
         }
-        /* Seen twice, a sweep apart, with the same dead owner and seq: truly abandoned. */
-        if (s->suspect_seq[i] == seq + 1) {
+        /* Seen on consecutive sweeps with the same dead owner and seq: truly abandoned. Owner 0
+         * means a client died between its CAS and writing its pid (or between clearing its pid
+         * and freeing the slot): a live client spends nanoseconds there, so wait ~1 s. */
+        uint8_t needed = owner == 0 ? 10 : 2;
+        if (s->suspect_sweeps[i] == 0 || s->suspect_seq[i] != seq) {
+            s->suspect_seq[i] = seq;
+            s->suspect_sweeps[i] = 1;
+        } else if (++s->suspect_sweeps[i] >= needed) {
             if (tr_cas(&slot->state, &st, (uint32_t)TR_SLOT_FREE)) {
                 slot->owner_pid = 0;
                 h->reclaimed_slots++;
             }
-            s->suspect_seq[i] = 0;
-        } else {
-            s->suspect_seq[i] = seq + 1;
+            s->suspect_sweeps[i] = 0;
         }
     }
-    tr_client_entry *clients = tr_clients(s->seg->base, h);
+    tr_client_entry *clients = tr_clients(s->seg->base, &s->geo);
     int live = 0;
     for (uint32_t i = 0; i < TR_MAX_CLIENTS; i++) {
         int32_t pid = __atomic_load_n(&clients[i].pid, __ATOMIC_ACQUIRE);

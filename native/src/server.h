@@ -18,7 +18,8 @@ typedef struct tr_server_options {
 
 typedef struct tr_server {
     tr_segment *seg;
-    tr_header *h;
+    tr_header *h;           /* the shared header: counters and liveness are written here */
+    tr_header geo;          /* private copy of the geometry, taken before serving: never re-read */
     tr_store store;
     const tr_backend_ops *ops;
     void *backend;
@@ -26,8 +27,11 @@ typedef struct tr_server {
     float *query_scratch;   /* normalised copies of queries / vectors */
     int64_t *id_scratch;    /* search results before they are written to the slot */
     float *score_scratch;
-    uint32_t *suspect_seq;  /* per slot: seq seen with a dead owner at the last sweep (+1) */
+    int64_t *meta_scratch;  /* UPSERT ids, namespaces, created_at copied out of the slot */
+    uint32_t *suspect_seq;  /* per slot: seq seen with a dead owner at the last sweep */
+    uint8_t *suspect_sweeps; /* per slot: consecutive sweeps it was seen so (0 = not suspect) */
     uint64_t last_client_seen_ns;
+    struct search_batch *batch; /* searches gathered for search_many (NULL: backend has none) */
 } tr_server;
 
 int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, void *backend,
