@@ -17,9 +17,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .bounds import BoundIndex
 from .embedders import Embedder, resolve_embedder
 from .errors import InvalidInput, SidecarUnavailable, TieredRecallError
 from .namespaces import namespace_hash, validate_namespace
+from .policies import LFU, HotSet, Policy, resolve_policy
+from .scoring import Scoring
 from .sidecar import HotTier, sidecar_executable, start_sidecar
 
 CONFIG_FILE = "tiered_recall.json"
@@ -28,7 +31,22 @@ DEFAULT_HOT_CAPACITY = 100_000
 ORPHAN_GRACE_S = 10.0
 RECONNECT_BACKOFF_S = 1.0
 METADATA_CACHE_ROWS = 200_000
+RESYNC_EVERY_S = 2.0  # at most this often, rebuild hot-set tracking and bounds after another process wrote
+RULES = ("complete", "bound", "threshold")
+_ROW_OVERHEAD_BYTES = 24  # id, namespace hash, created_at per hot row
 _MAX_ID = (1 << 63) - 1
+MAX_DIM = 8192  # the sidecar's limit (layout.h TR_MAX_DIM)
+
+
+def _check_ids(ids: Any) -> np.ndarray:
+    """An int or a sequence of ints -> 1-d int64; anything else (str, float, nested, None) is refused."""
+    try:
+        id_arr = None if isinstance(ids, (str, bytes, dict)) else np.atleast_1d(np.asarray(ids))
+    except (TypeError, ValueError):
+        id_arr = None
+    if id_arr is None or id_arr.ndim != 1 or (id_arr.size and id_arr.dtype.kind not in "iu"):
+        raise InvalidInput(f"ids must be an int or a list of ints, got {ids!r:.80}")
+    return id_arr.astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,25 @@ class Hit:
     role: str | None
     created_at: datetime
     metadata: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    """What search(..., explain=True) returns: the hits and how the answer was decided.
+
+    rule: "complete" (rule 1: the hot tier holds the whole namespace), "bound" (rule 2: no cold
+    row can reach the top k), "threshold" (rule 3: hot k-th score >= confidence), "cold" (the
+    cold tier was searched and merged), or "no-hot" (no hot tier, or a where filter: cold only).
+    hot_kth: the hot k-th (final) score or None; cold_bound: the best score a cold-only row could
+    reach (rule 2), None when not evaluated.
+    """
+
+    hits: list
+    rule: str
+    path: str
+    hot_kth: float | None
+    cold_bound: float | None
+    seconds: float
 
 
 class _PathStats:
@@ -143,25 +180,61 @@ def _cuda_compiled() -> bool:
 class TieredMemory:
     """A memory store: a hot tier in a sidecar (GPU or CPU) over a durable LanceDB cold tier.
 
-    TieredMemory(path="./storage", *, dim=None, embedder="wordllama", hot_capacity=100_000, device="auto")
+    TieredMemory(path="./storage", *, dim=None, embedder="wordllama", hot_capacity=100_000, device="auto",
+                 policy="lru", hot_capacity_bytes=None, rules=("complete", "bound"), confidence=None,
+                 scoring=None)
 
     path: folder of the store (created with mode 0700). dim: vector width; taken from the embedder
     or the existing store when None. embedder: "wordllama" (default, offline), "minilm", any
     callable texts -> (n, d) float32, or None to add and search raw vectors only. hot_capacity:
-    rows the hot tier keeps (least recently used rows are evicted to the cold tier only).
+    rows the hot tier keeps; hot_capacity_bytes: the same as a byte budget (vector + 24 bytes a
+    row; overrides hot_capacity). policy: "lru", "lfu", "recency" or a tiered_recall.policies
+    Policy (pinning included): which rows stay hot; evicted rows stay in the cold tier.
     device: "auto" (CUDA when a GPU and the CUDA build are present, else CPU), "cpu", "cuda", or
     "none" for no hot tier at all. Other processes opening the same path share the same sidecar.
+    rules: the skip rules tried in order ("complete", "bound"; both exact); confidence: a float
+    enables rule 3 ("threshold"; approximate) on the hot k-th score. scoring: a
+    tiered_recall.scoring.Scoring (recency weighting, metadata boosts) for the merged candidates.
+
+    Policy state and rule-2 bounds are kept per process; another process's write to the hot tier
+    is detected from the sidecar's counters and makes this process stop using rule 2 until it has
+    re-read the hot set and rebuilt its bounds from the cold tier (at most every 2 s).
     """
 
     def __init__(self, path: str | os.PathLike = "./storage", *, dim: int | None = None,
                  embedder: Any = "wordllama", hot_capacity: int = DEFAULT_HOT_CAPACITY, device: str = "auto",
-                 timeout_s: float = 5.0, orphan_grace_s: float = ORPHAN_GRACE_S) -> None:
+                 timeout_s: float = 5.0, orphan_grace_s: float = ORPHAN_GRACE_S,
+                 policy: str | Policy | None = "lru", hot_capacity_bytes: int | None = None,
+                 rules: Sequence[str] = ("complete", "bound"), confidence: float | None = None,
+                 scoring: Scoring | None = None) -> None:
         from .storage import ColdStore  # lancedb is imported here, not at package import
 
         if device not in ("auto", "cpu", "cuda", "none"):
             raise InvalidInput(f"device must be 'auto', 'cpu', 'cuda' or 'none', got {device!r}")
         if isinstance(hot_capacity, bool) or not isinstance(hot_capacity, (int, np.integer)) or hot_capacity < 1:
             raise InvalidInput(f"hot_capacity must be a positive int (rows), got {hot_capacity!r}")
+        for what, value in (("timeout_s", timeout_s), ("orphan_grace_s", orphan_grace_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                    or not np.isfinite(value) or value <= 0:
+                raise InvalidInput(f"{what} must be a positive number of seconds, got {value!r}")
+        if hot_capacity_bytes is not None and (isinstance(hot_capacity_bytes, bool) or not isinstance(
+                hot_capacity_bytes, (int, np.integer)) or hot_capacity_bytes < 1):
+            raise InvalidInput(f"hot_capacity_bytes must be a positive int or None, got {hot_capacity_bytes!r}")
+        rules = tuple(rules)
+        for rule in rules:
+            if rule not in ("complete", "bound"):
+                raise InvalidInput(f"rules may hold 'complete' and 'bound' (exact rules); got {rule!r}: "
+                                   "rule 3 is enabled by confidence=<score>")
+        if confidence is not None:
+            if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not -1 <= confidence <= 2:
+                raise InvalidInput(f"confidence must be a score threshold in [-1, 2] or None, got {confidence!r}")
+            rules = rules + ("threshold",)
+        if scoring is not None and not isinstance(scoring, Scoring):
+            raise InvalidInput("scoring must be a tiered_recall.scoring.Scoring or None")
+        self.policy: Policy = resolve_policy(policy)
+        self.rules = rules
+        self.confidence = None if confidence is None else float(confidence)
+        self.scoring = scoring if scoring is not None and scoring.active else None
         self.path = Path(path).expanduser().resolve()
         try:
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -170,8 +243,11 @@ class TieredMemory:
         self.embedder: Embedder | None = None if embedder is None else resolve_embedder(
             None if embedder == "wordllama" else embedder)
         self.dim = self._settle_config(dim)
-        self.hot_capacity = int(hot_capacity)
         self.device = device
+        if hot_capacity_bytes is not None:
+            elem = 2 if self._backend() == "cuda" else 4  # the sidecar stores f16 on CUDA, f32 on CPU
+            hot_capacity = max(1, int(hot_capacity_bytes) // (self.dim * elem + _ROW_OVERHEAD_BYTES))
+        self.hot_capacity = int(hot_capacity)
         self.timeout_s = float(timeout_s)
         self.orphan_grace_s = float(orphan_grace_s)
         self.cold = ColdStore(self.path / COLD_FOLDER, dim=self.dim)
@@ -185,7 +261,16 @@ class TieredMemory:
         self._backlog: set[int] = set()  # ids acknowledged while the hot tier was unreachable
         self._cache: OrderedDict[int, Memory] = OrderedDict()
         self._stats = _PathStats()
+        self._rule_stats = _PathStats()
         self._closed = False
+        # hot-set tracking (policy) and rule-2 bounds, valid while the sidecar's counters match ours
+        self._hotset: HotSet | None = None
+        self._bounds = BoundIndex(self.dim)
+        self._expected: tuple | None = None
+        self._next_resync = 0.0
+        self._tick = 0
+        self._moves = {"inserted": 0, "promoted": 0, "evicted": 0, "sidecar_evicted": 0, "resyncs": 0,
+                       "bound_rebuilds": 0}
         self._ensure_hot()
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -194,8 +279,8 @@ class TieredMemory:
         """Reads or writes the store's config so a reopened store keeps its dim and embedder."""
         config_path = self.path / CONFIG_FILE
         embedder_name = self.embedder.name if self.embedder is not None else None
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1):
-            raise InvalidInput(f"dim must be a positive int, got {dim!r}")
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= MAX_DIM):
+            raise InvalidInput(f"dim must be an int in 1..{MAX_DIM}, got {dim!r}")
         if self.embedder is not None and dim is not None and dim != self.embedder.dim:
             raise InvalidInput(f"dim={dim} but the embedder {embedder_name!r} makes {self.embedder.dim}-d vectors: "
                                "drop dim, or pick an embedder of that width")
@@ -253,6 +338,8 @@ class TieredMemory:
                     started = True
                 if started or hot.stats()["hot_rows"] == 0:
                     self._warm(hot)
+                self._hotset = HotSet(self.dim, hot.capacity)
+                self._resync(hot)
         except (TieredRecallError, OSError) as exc:
             self._hot_error = str(exc)
             self._next_hot_try = time.monotonic() + RECONNECT_BACKOFF_S
@@ -279,6 +366,226 @@ class TieredMemory:
                        created_at_us=recent["created_at_us"][order])
         self._publish_totals(hot, self.cold.namespace_counts())
 
+    # ---- hot-set tracking and rule-2 bounds --------------------------------------------------
+
+    @staticmethod
+    def _signature(hot: HotTier) -> tuple:
+        """The sidecar's membership counters: any change this process did not make shows here."""
+        h = hot._header
+        return (int(h.owner_pid), int(h.upserted_rows), int(h.deleted_rows), int(h.evicted_rows), int(h.hot_rows))
+
+    def _tracking_ok(self, hot: HotTier) -> bool:
+        """True while this process's hot set and bounds still describe the hot tier exactly."""
+        if not self._bounds.valid or self._expected is None or self._hotset is None or self._backlog:
+            return False
+        sig = self._signature(hot)
+        if sig[:4] != self._expected or sig[4] != len(self._hotset):
+            self._bounds.valid = False
+            return False
+        return True
+
+    def _invalidate(self) -> None:
+        self._bounds.valid = False
+        self._expected = None
+
+    def _resync(self, hot: HotTier) -> None:
+        """Re-reads which rows the hot tier holds (CONTAINS over every cold id) and rebuilds every bound."""
+        self._next_resync = time.monotonic() + RESYNC_EVERY_S
+        self._moves["resyncs"] += 1
+        self._bounds.clear()
+        if self._hotset is None or self._hotset.capacity != hot.capacity:
+            self._hotset = HotSet(self.dim, hot.capacity)
+        else:
+            self._hotset.clear()
+        before = self._signature(hot)
+        rows = self.cold.recent(max(1, self.cold.count()))
+        ids = rows["ids"]
+        present = hot.contains(ids) if len(ids) else np.zeros(0, dtype=bool)
+        after = self._signature(hot)
+        if int(present.sum()) != after[4]:
+            # the hot tier holds rows the cold tier does not (or lost some): start it afresh
+            hot.clear()
+            self._warm(hot)
+            before = self._signature(hot)
+            present = hot.contains(ids) if len(ids) else np.zeros(0, dtype=bool)
+            after = self._signature(hot)
+        namespaces = rows["namespace"]
+        created = rows["created_at_us"]
+        cold_only: dict[str, list[int]] = {}
+        for j in range(len(ids)):
+            if present[j]:
+                self._hotset.put(int(ids[j]), namespaces[j], rows["vectors"][j], int(created[j]), self._tick)
+            else:
+                cold_only.setdefault(namespaces[j], []).append(j)
+        for ns, idx in cold_only.items():
+            sel = np.asarray(idx, dtype=np.int64)
+            self._bounds.get(ns).rebuild(ids[sel], rows["vectors"][sel], created[sel])
+            self._bounds.where.update((int(i), ns) for i in ids[sel])
+        if before == after and after[4] == len(self._hotset):
+            self._expected = after[:4]
+            self._bounds.valid = True
+        else:
+            self._invalidate()  # someone wrote meanwhile: try again later
+        self._load_pins(hot)
+
+    def _rebuild_bound(self, namespace: str) -> None:
+        """Tightens one namespace's cones over exactly its cold-only rows (read from the cold tier)."""
+        nb = self._bounds.by_namespace.get(namespace)
+        if nb is None or self._hotset is None:
+            return
+        rows = self.cold.recent(max(1, self.cold.count(namespace)), namespace=namespace)
+        keep = np.array([int(i) not in self._hotset for i in rows["ids"]], dtype=bool)
+        if len(keep):
+            self._bounds.reset_ids(namespace, rows["ids"][keep])
+            nb.rebuild(rows["ids"][keep], rows["vectors"][keep], rows["created_at_us"][keep])
+        else:
+            self._bounds.reset_ids(namespace, [])
+            nb.rebuild([], np.empty((0, self.dim), np.float32), [])
+        self._moves["bound_rebuilds"] += 1
+
+    def _fold_cold(self, namespace: str, ids, vectors, created_us) -> None:
+        """Rows that are (now) only in the cold tier join their namespace's bound."""
+        if len(ids):
+            self._bounds.add(namespace, ids, vectors, created_us)
+
+    def _hot_delete(self, hot: HotTier, ids: list[int]) -> None:
+        """Deletes rows from the hot tier (policy victims), folding the tracked ones into the bounds."""
+        if not ids:
+            return
+        tracked = 0
+        by_ns: dict[str, tuple[list, list, list]] = {}
+        for i in ids:
+            got = self._hotset.remove(i) if self._hotset is not None else None
+            if got is not None:
+                tracked += 1
+                ns, vec, created = got
+                bucket = by_ns.setdefault(ns, ([], [], []))
+                bucket[0].append(i)
+                bucket[1].append(vec)
+                bucket[2].append(created)
+        for ns, (bid, bvec, bcr) in by_ns.items():
+            self._fold_cold(ns, bid, np.stack(bvec), bcr)
+        deleted = hot.delete(np.asarray(ids, dtype=np.int64))
+        if self._expected is not None:
+            pid, up, de, ev = self._expected
+            self._expected = (pid, up, de + deleted, ev)
+        if deleted != tracked:
+            self._invalidate()
+
+    def _place(self, hot: HotTier, ids: np.ndarray, vecs: np.ndarray, namespaces: list[str],
+               created: np.ndarray, *, promoted: bool = False) -> None:
+        """Puts rows into the hot tier under the policy: the policy's victims leave first (into the
+        bounds), so the sidecar never evicts by itself; rows that find no room stay cold-only."""
+        hs = self._hotset
+        if hs is None:
+            return
+        n = len(ids)
+        half_life = self.policy.half_life if isinstance(self.policy, LFU) else None
+        place = np.ones(n, dtype=bool)
+        cap = self.policy.per_namespace_cap()
+        if cap is not None:
+            seen: dict[str, int] = {}
+            for j in range(n - 1, -1, -1):  # the newest rows of a batch win the window
+                ns = namespaces[j]
+                seen[ns] = seen.get(ns, 0) + 1
+                if seen[ns] > cap:
+                    place[j] = False
+        if place.sum() > hs.capacity:
+            place[np.flatnonzero(place)[: int(place.sum()) - hs.capacity]] = False
+        batch_ids = {int(i) for i in ids}
+        victims: list[int] = []
+        if cap is not None:
+            new_per_ns: dict[str, int] = {}
+            for j in np.flatnonzero(place):
+                if int(ids[j]) not in hs:
+                    new_per_ns[namespaces[j]] = new_per_ns.get(namespaces[j], 0) + 1
+            for ns, m in new_per_ns.items():
+                over = hs.per_namespace.get(ns, 0) + m - cap
+                victims += hs.victims(self.policy, over, self._tick, exclude=batch_ids, namespace=ns)
+        new = sum(1 for j in np.flatnonzero(place) if int(ids[j]) not in hs)
+        need = len(hs) - len(victims) + new - hs.capacity
+        if need > 0:
+            more = hs.victims(self.policy, need + len(victims), self._tick, exclude=batch_ids | set(victims))
+            victims += more[:need]
+        shortfall = len(hs) - len(victims) + new - hs.capacity
+        if shortfall > 0:  # pinned rows fill the tier: the oldest rows of this batch stay cold
+            for j in np.flatnonzero(place):
+                if shortfall <= 0:
+                    break
+                if int(ids[j]) not in hs:
+                    place[j] = False
+                    shortfall -= 1
+        self._hot_delete(hot, victims)
+        self._moves["evicted"] += len(victims)
+        # rows that stay cold-only (including a replaced vector of an id that was cold-only)
+        self._bounds.discard(int(i) for i in ids)
+        for j in np.flatnonzero(~place):
+            if int(ids[j]) in hs:  # an old copy is hot but the new one is not placed: drop the stale copy
+                self._hot_delete(hot, [int(ids[j])])
+            self._fold_cold(namespaces[j], [int(ids[j])], vecs[j:j + 1], [int(created[j])])
+        sel = np.flatnonzero(place)
+        if sel.size == 0:
+            return
+        hashes = np.array([namespace_hash(namespaces[j]) for j in sel], dtype=np.uint64)
+        evicted = hot.upsert(ids[sel], vecs[sel], hashes, created_at_us=created[sel])
+        if self._expected is not None:
+            pid, up, de, ev = self._expected
+            self._expected = (pid, up + int(sel.size), de, ev + len(evicted))
+        for j in sel:
+            hs.put(int(ids[j]), namespaces[j], vecs[j], int(created[j]), self._tick, half_life)
+        if promoted:
+            self._moves["promoted"] += int(sel.size)
+        else:
+            self._moves["inserted"] += int(sel.size)
+        if len(evicted):  # only when another process filled the tier: fold what we know, then resync
+            self._moves["sidecar_evicted"] += len(evicted)
+            untracked = False
+            for i in evicted.tolist():
+                got = hs.remove(i)
+                if got is None:
+                    untracked = True
+                    continue
+                self._fold_cold(got[0], [i], got[1][None, :], [got[2]])
+            if untracked:
+                self._invalidate()
+
+    def _load_pins(self, hot: HotTier) -> None:
+        """Brings pinned namespaces and ids into the hot tier."""
+        pol = self.policy
+        want: list[dict] = []
+        for ns in sorted(pol.pinned_namespaces):
+            if self.cold.count(ns):
+                rows = self.cold.recent(self.cold.count(ns), namespace=ns)
+                want += [{"id": int(i), "vector": v, "namespace": ns, "created_at_us": int(c)}
+                         for i, v, c in zip(rows["ids"], rows["vectors"], rows["created_at_us"])]
+        if pol.pinned_ids:
+            want += [r for r in self.cold.get(sorted(pol.pinned_ids)) if r is not None]
+        want = [r for r in want if self._hotset is not None and r["id"] not in self._hotset]
+        if want:
+            self._place(hot, np.array([r["id"] for r in want], dtype=np.int64), np.stack([r["vector"] for r in want]),
+                        [r["namespace"] for r in want], np.array([r["created_at_us"] for r in want], dtype=np.int64),
+                        promoted=True)
+
+    def pin(self, *, namespace: str | None = None, ids: Sequence[int] | None = None) -> None:
+        """Pins a namespace and/or ids: loaded into the hot tier now and never evicted by the policy."""
+        self._check_open()
+        if namespace is not None:
+            validate_namespace(namespace)
+            self.policy.pinned_namespaces.add(namespace)
+        if ids is not None:
+            self.policy.pinned_ids.update(int(i) for i in np.atleast_1d(np.asarray(ids, dtype=np.int64)))
+        with self._lock:
+            self._hot_call(self._load_pins)
+
+    def unpin(self, *, namespace: str | None = None, ids: Sequence[int] | None = None) -> None:
+        """Lets the policy evict these again."""
+        self._check_open()
+        if namespace is not None:
+            self.policy.pinned_namespaces.discard(namespace)
+        if ids is not None:
+            for i in np.atleast_1d(np.asarray(ids, dtype=np.int64)):
+                self.policy.pinned_ids.discard(int(i))
+
     def _publish_totals(self, hot: HotTier, counts: dict[str, int]) -> None:
         hot.set_namespace_totals({namespace_hash(ns): n for ns, n in counts.items()})
 
@@ -291,6 +598,7 @@ class TieredMemory:
         self._hot = None
         self._hot_error = reason
         self._next_hot_try = 0.0
+        self._invalidate()
 
     def _hot_call(self, fn):
         """Runs fn(hot); on a dead or stuck sidecar, drops it (the next call reconnects) and returns None."""
@@ -305,6 +613,7 @@ class TieredMemory:
             return None
         except TieredRecallError as exc:  # the hot tier is a cache: its failure never fails a durable write
             self._hot_error = str(exc)
+            self._invalidate()  # a half-done placement: trust nothing until the next resync
             return None
 
     # ---- writes ------------------------------------------------------------------------------
@@ -391,19 +700,21 @@ class TieredMemory:
 
         def to_hot(hot: HotTier, total: int) -> bool:
             hot.set_namespace_totals({h: total})  # before the rows: a reader sees hot < total, asks cold
-            keep = slice(max(0, n - hot.capacity), n)  # a batch larger than the tier: its newest rows
-            hot.upsert(id_arr[keep], vecs[keep], h, created_at_us=created[keep])
+            self._place(hot, id_arr, vecs, [namespace] * n, created)
             return True
 
         with self._lock, self._write_lock():
             self.cold.add(ids=id_arr, vectors=vecs, namespaces=[namespace] * n, texts=text_list, sessions=sessions,
                           roles=roles, created_at_us=created, metadata=metas)
+            self._tick += 1
             for i in range(n):
                 self._remember(Memory(int(id_arr[i]), text_list[i], namespace, sessions[i], roles[i],
                                       _to_datetime(int(created[i])), metas[i] or {}))
             total = self.cold.count(namespace)
             if self._hot_call(lambda hot: to_hot(hot, total)) is None and self.device != "none":
                 self._backlog.update(int(i) for i in id_arr)
+                self._bounds.discard(int(i) for i in id_arr)
+                self._fold_cold(namespace, id_arr, vecs, created)  # cold-only until the backlog is flushed
         return [int(i) for i in id_arr]
 
     def _write_lock(self):
@@ -424,25 +735,23 @@ class TieredMemory:
         if not self._backlog:
             return
         backlog, self._backlog = list(self._backlog), set()
-        rows = [r for r in self.cold.get(backlog) if r is not None]
-        if rows:
-            hot.upsert([r["id"] for r in rows], np.stack([r["vector"] for r in rows]),
-                       [namespace_hash(r["namespace"]) for r in rows],
-                       created_at_us=[r["created_at_us"] for r in rows])
+        rows = [r for r in self.cold.get(backlog) if r is not None and (self._hotset is None or r["id"] not in self._hotset)]
         self._publish_totals(hot, self.cold.namespace_counts())
+        if rows:
+            rows.sort(key=lambda r: (r["created_at_us"], r["id"]))
+            self._place(hot, np.array([r["id"] for r in rows], dtype=np.int64), np.stack([r["vector"] for r in rows]),
+                        [r["namespace"] for r in rows], np.array([r["created_at_us"] for r in rows], dtype=np.int64))
 
     def delete(self, ids: Sequence[int] | int) -> int:
         """Removes memories from both tiers; returns how many the cold tier held."""
         self._check_open()
-        id_arr = np.atleast_1d(np.asarray(ids))
-        if id_arr.ndim != 1 or (id_arr.size and id_arr.dtype.kind not in "iu"):
-            raise InvalidInput("ids must be an int or a list of ints")
-        id_arr = id_arr.astype(np.int64)
+        id_arr = _check_ids(ids)
         if id_arr.size == 0:
             return 0
         with self._lock, self._write_lock():
             namespaces = {r["namespace"] for r in self.cold.get(id_arr) if r is not None}
-            self._hot_call(lambda hot: hot.delete(id_arr))
+            self._hot_call(lambda hot: self._hot_delete(hot, [int(i) for i in id_arr]))
+            self._bounds.discard(int(i) for i in id_arr)
             deleted = self.cold.delete(id_arr)
             for i in id_arr:
                 self._cache.pop(int(i), None)
@@ -476,7 +785,7 @@ class TieredMemory:
     def get(self, ids: Sequence[int] | int) -> list[Memory | None]:
         """Memories by id, in the order asked (None where absent)."""
         self._check_open()
-        id_list = [int(i) for i in np.atleast_1d(np.asarray(ids, dtype=np.int64))]
+        id_list = [int(i) for i in _check_ids(ids)]
         found = self._memories(id_list)
         return [found.get(i) for i in id_list]
 
@@ -515,12 +824,16 @@ class TieredMemory:
         return hot_rows == total_rows and not self._backlog
 
     def search(self, query: str | np.ndarray, *, k: int = 10, namespace: str | None = None,
-               where: str | None = None) -> list[Hit]:
-        """The k best memories by cosine similarity, best first (ties by id); each says its tier.
+               where: str | None = None, explain: bool = False) -> list[Hit] | SearchReport:
+        """The k best memories by cosine similarity (plus the store's Scoring, if any), best first
+        (ties by id); each says its tier.
 
         query: text (embedded) or a (dim,) vector. namespace: only this namespace. where: a SQL
         filter over session / role / created_at / metadata, evaluated by the cold tier.
-        The cold tier is skipped when the hot tier holds every memory of the namespace asked.
+        The cold tier is skipped by the store's rules, in order: "complete" (the hot tier holds
+        every memory of the namespace), "bound" (no cold-only row can reach the top k), and
+        "threshold" (hot k-th score >= confidence; approximate). explain=True returns a
+        SearchReport (hits, the rule that decided, scores behind it) instead of the hits.
         """
         self._check_open()
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= 256:
@@ -530,52 +843,137 @@ class TieredMemory:
         if where is not None and (not isinstance(where, str) or not where.strip()):
             raise InvalidInput("where must be a non-empty SQL filter string, e.g. \"role = 'user'\"")
         t0 = time.perf_counter()
+        k = int(k)
         q = self._query_vector(query)
+        scoring = self.scoring
+        fetch = k if scoring is None else min(256, k * scoring.candidates)
+        now_us = time.time_ns() // 1000
+        hot_kth: float | None = None
+        cold_bound: float | None = None
         with self._lock:
+            self._tick += 1
             hot = self._ensure_hot()
             hot_ids: np.ndarray = np.empty(0, dtype=np.int64)
             hot_scores: np.ndarray = np.empty(0, dtype=np.float32)
-            complete = False
+            rule = "no-hot"
             if hot is not None and where is None:
                 try:
-                    res = hot.search(q, k=int(k), namespace_hash=None if namespace is None else namespace_hash(namespace))
+                    res = hot.search(q, k=min(fetch, hot.max_k),
+                                     namespace_hash=None if namespace is None else namespace_hash(namespace))
                     hot_ids, hot_scores = res.ids[0, : res.hits], res.scores[0, : res.hits]
-                    complete = self._hot_is_complete(hot, namespace)
+                    rule = "cold"
+                    if "complete" in self.rules and self._hot_is_complete(hot, namespace):
+                        rule = "complete"
+                    elif "bound" in self.rules or "threshold" in self.rules:
+                        hot_kth, unfetched = self._hot_kth(hot_ids, hot_scores, k, min(fetch, hot.max_k), now_us)
+                        if "bound" in self.rules and self._tracking_ok(hot) and self._counts_agree(hot, namespace):
+                            cold_bound = self._cold_bound(q, namespace, now_us)
+                            margin = 1e-5 if hot.dtype == "f32" else 2e-3
+                            ceiling = max(cold_bound, unfetched)
+                            if ceiling == -np.inf or (hot_kth is not None and hot_kth > ceiling + margin):
+                                rule = "bound"
+                        if rule == "cold" and "threshold" in self.rules and hot_kth is not None \
+                                and hot_kth >= self.confidence:
+                            rule = "threshold"
                 except SidecarUnavailable as exc:
                     self._drop_hot(str(exc))
-            if complete:
+                    hot, rule = None, "no-hot"
+            if rule in ("complete", "bound", "threshold"):
                 path = "hot"
                 merged = [(float(s), int(i), "hot") for i, s in zip(hot_ids, hot_scores)]
             else:
-                path = "hot+cold" if hot is not None and where is None else "cold"
-                cold_ids, cold_scores = self.cold.search(q, k=int(k), namespace=namespace, where=where)
+                path = "hot+cold" if rule == "cold" else "cold"
+                cold_ids, cold_scores = self.cold.search(q, k=fetch, namespace=namespace, where=where)
                 best: dict[int, tuple[float, str]] = {int(i): (float(s), "cold") for i, s in zip(cold_ids, cold_scores)}
                 for i, s in zip(hot_ids, hot_scores):
                     best[int(i)] = (float(s), "hot")  # the hot copy wins
                 merged = [(s, i, tier) for i, (s, tier) in best.items()]
-            merged.sort(key=lambda t: (-t[0], t[1]))
-            merged = merged[: int(k)]
             found = self._memories(i for _, i, _ in merged)
-            if path != "hot" and hot is not None:
-                self._promote([i for _, i, tier in merged if tier == "cold"])
+            if scoring is not None:
+                merged = [(scoring.score(s, found[i], now_us), i, tier) for s, i, tier in merged if i in found]
+            merged.sort(key=lambda t: (-t[0], t[1]))
+            merged = merged[:k]
+            if self._hotset is not None:
+                half_life = self.policy.half_life if isinstance(self.policy, LFU) else None
+                self._hotset.use((i for _, i, tier in merged if tier == "hot"), self._tick, half_life)
+            if path == "hot+cold" and hot is not None:
+                if self.policy.promote:
+                    self._promote([i for _, i, tier in merged if tier == "cold"])
+                self._tighten(namespace)
         hits = []
         for score, i, tier in merged:
             m = found.get(i)
             if m is None:  # deleted by another process between the two reads
                 continue
             hits.append(Hit(m.id, m.text, score, tier, m.namespace, m.session, m.role, m.created_at, m.metadata))
-        self._stats.record(path, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self._stats.record(path, seconds)
+        self._rule_stats.record(rule, seconds)
+        if explain:
+            return SearchReport(hits, rule, path, hot_kth, cold_bound, seconds)
         return hits
 
+    def _hot_kth(self, hot_ids: np.ndarray, hot_scores: np.ndarray, k: int, fetched: int,
+                 now_us: int) -> tuple[float | None, float]:
+        """(k-th best final score among the hot candidates or None when fewer than k, the most a hot
+        row that was not fetched could score: -inf when every hot row of the scope was fetched)."""
+        full = len(hot_ids) >= fetched
+        if self.scoring is None:
+            kth = float(hot_scores[k - 1]) if len(hot_ids) >= k else None
+            return kth, -np.inf  # unfetched hot rows score below the k-th raw score
+        found = self._memories(int(i) for i in hot_ids)
+        finals = sorted((self.scoring.score(float(s), found[int(i)], now_us) for i, s in zip(hot_ids, hot_scores)
+                         if int(i) in found), reverse=True)
+        kth = finals[k - 1] if len(finals) >= k else None
+        unfetched = float(hot_scores[-1]) + self.scoring.max_bonus(None, now_us) if full else -np.inf
+        return kth, unfetched
+
+    def _cold_bound(self, q: np.ndarray, namespace: str | None, now_us: int) -> float:
+        if self.scoring is None:
+            return self._bounds.bound(q, namespace)
+        sc = self.scoring
+        bound = self._bounds.bound(q, namespace, lambda newest: sc.recency_bonus(newest, now_us))
+        return bound + sc.max_boost
+
+    def _counts_agree(self, hot: HotTier, namespace: str | None) -> bool:
+        """Rule 2 needs every row that is not hot to be covered: hot rows + cold-only rows we cover
+        must equal the published total (catches another process's add in flight or a cold-only delete)."""
+        if namespace is None:
+            return int(self._signature(hot)[4]) + self._bounds.cold_only_count() == self.cold.count()
+        hot_rows, total_rows = hot.namespace_rows(namespace_hash(namespace))
+        return total_rows > 0 and hot_rows + self._bounds.cold_only_count(namespace) == total_rows
+
+    def _tighten(self, namespace: str | None) -> None:
+        """On the cold path (the disk was read anyway): resync after another process wrote, or
+        rebuild a namespace's cones once they cover many rows that left the cold tier."""
+        hot = self._hot
+        if hot is None or "bound" not in self.rules:
+            return
+        try:
+            if not self._tracking_ok(hot):
+                if time.monotonic() >= self._next_resync:
+                    self._resync(hot)
+                return
+            if namespace is not None:
+                nb = self._bounds.by_namespace.get(namespace)
+                if nb is not None and nb.loose:
+                    self._rebuild_bound(namespace)
+        except SidecarUnavailable as exc:
+            self._drop_hot(str(exc))
+        except TieredRecallError as exc:
+            self._hot_error = str(exc)
+            self._invalidate()
+
     def _promote(self, ids: list[int]) -> None:
-        """Cold hits move into the hot tier (most recently used now)."""
+        """Cold hits move into the hot tier (the policy makes room)."""
         if not ids:
             return
         rows = [r for r in self.cold.get(ids) if r is not None]
         if rows:
-            self._hot_call(lambda hot: hot.upsert([r["id"] for r in rows], np.stack([r["vector"] for r in rows]),
-                                                  [namespace_hash(r["namespace"]) for r in rows],
-                                                  created_at_us=[r["created_at_us"] for r in rows]))
+            self._hot_call(lambda hot: self._place(
+                hot, np.array([r["id"] for r in rows], dtype=np.int64), np.stack([r["vector"] for r in rows]),
+                [r["namespace"] for r in rows], np.array([r["created_at_us"] for r in rows], dtype=np.int64),
+                promoted=True))
 
     def stats(self) -> dict:
         """Rows per tier, how often the hot tier answered alone, and latency per search path."""
@@ -597,6 +995,10 @@ class TieredMemory:
             "searches": searches,
             "hot_hit_rate": (hot_only / searches) if searches else None,
             "latency": paths,
+            "rules": self._rule_stats.summary(),
+            "rows_moved": dict(self._moves),
+            "policy": self.policy.describe(),
+            "bounds": self._bounds.stats(),
             "sidecar": hot.stats() if hot is not None else None,
         }
 
@@ -610,6 +1012,10 @@ class TieredMemory:
         """Detaches from the sidecar (it exits by itself once no process uses it) and closes the cold tier."""
         if self._closed:
             return
+        if self._backlog:  # rows acknowledged while the sidecar was down: hand them over before leaving
+            with self._lock:
+                self._next_hot_try = 0.0
+                self._hot_call(self._flush_backlog)
         self._closed = True
         if self._hot is not None:
             self._hot.close()

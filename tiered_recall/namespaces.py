@@ -13,6 +13,10 @@ def validate_namespace(namespace: str) -> str:
         raise InvalidInput(f"namespace must be a str, got {type(namespace).__name__}")
     if not namespace:
         raise InvalidInput("namespace must be a non-empty string, e.g. namespace='default'")
+    try:
+        namespace.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"namespace {namespace!r} is not valid Unicode text (lone surrogates): decode it properly") from None
     if len(namespace.encode("utf-8", "surrogatepass")) > MAX_NAMESPACE_BYTES:
         raise InvalidInput(f"namespace is longer than {MAX_NAMESPACE_BYTES} bytes; use a shorter name")
     return namespace

@@ -1,0 +1,424 @@
+"""Tier hit rate: how often each placement policy and skip rule answers without the cold tier, at what recall.
+
+    .venv/bin/python benchmarks/tier_hit_rate.py                 # both workloads, full size (~15 min on 2 cores)
+    .venv/bin/python benchmarks/tier_hit_rate.py --quick         # small sizes, a smoke run
+    .venv/bin/python benchmarks/tier_hit_rate.py --workloads synthetic --out results/tier_hit_rate
+
+Both workloads are replayed through the real coordinator (TieredMemory), sidecar (CPU backend here)
+and LanceDB cold tier, once per (policy, rule set, hot capacity), each run in a fresh store.
+
+* synthetic: a multi-tenant agent workload. Namespaces get Zipf popularity (for writes and reads
+  alike); memories arrive in episodes (a run of memories on one topic, a topic is a random
+  direction and a memory is topic + noise); a read references one memory of the namespace with
+  age rank r ~ P(r) proportional to (r + 1)^-1.6 (biased to recent memories, a long tail: about 12 % of
+  references are older than the 20th newest memory), the query is that memory plus noise. A history
+  is preloaded straight into the cold tier (the store is then opened, which warms the hot tier),
+  then writes and reads are interleaved. Hot capacity: 10 % of all memories at the end.
+* locomo: the LoCoMo development split. One namespace per conversation; sessions are ingested in
+  time order (conversations interleaved session by session); each question is asked right after
+  the session holding its last evidence turn, and again at the end. WordLlama embeddings.
+
+Per run: the share of searches answered without the cold tier (rule complete / bound / threshold),
+recall@10 against exact search over all memories of the namespace, latency p50/p99 per path, and
+rows moved between tiers (inserted, promoted, evicted). Prints a table; writes <out>.json and
+<out>_hit_rate_vs_capacity.png, <out>_recall_vs_hit_rate.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+from tiered_recall import TieredMemory  # noqa: E402
+from tiered_recall.policies import LFU, LRU, RecencyWindow  # noqa: E402
+from tiered_recall.sidecar import HotTier, segment_path  # noqa: E402
+
+LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
+K = 10
+_DIA = re.compile(r"^D:?(\d+):0*(\d+)$")
+
+
+# ---- workloads ----------------------------------------------------------------------------
+
+@dataclass
+class Workload:
+    name: str
+    dim: int
+    preload: list  # (namespace, ids, vectors, created_s) rows written straight to the cold tier first
+    events: list  # ("add", ns, ids, vectors, created_s) | ("search", ns, q, phase)
+    total_rows: int
+    tau: float
+    pin: list  # namespaces a "pinned" policy pins
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, dim: int = 64,
+              seed: int = 0, tau: float = 0.5) -> Workload:
+    rng = np.random.default_rng(seed)
+    pop = 1.0 / np.arange(1, namespaces + 1) ** 1.1
+    pop /= pop.sum()
+    rows: dict[int, list[int]] = {i: [] for i in range(namespaces)}  # ids per namespace, oldest first
+    vecs: dict[int, np.ndarray] = {}
+    episode: dict[int, tuple[np.ndarray, int]] = {}
+    next_id = [1]
+    clock = [1_700_000_000.0]
+
+    def write(ns: int, m: int):
+        topic, left = episode.get(ns, (None, 0))
+        out_ids, out_vecs = [], []
+        for _ in range(m):
+            if left <= 0:
+                topic, left = unit(rng.standard_normal(dim)), int(rng.geometric(1 / 6))
+            v = unit(topic + 0.35 * rng.standard_normal(dim) / math.sqrt(dim))
+            left -= 1
+            i = next_id[0]
+            next_id[0] += 1
+            vecs[i] = v
+            rows[ns].append(i)
+            out_ids.append(i)
+            out_vecs.append(v)
+        episode[ns] = (topic, left)
+        clock[0] += 1.0
+        return out_ids, np.stack(out_vecs), clock[0]
+
+    preload = []
+    while next_id[0] <= preload_rows:
+        ns = int(rng.choice(namespaces, p=pop))
+        ids, v, t = write(ns, int(rng.integers(1, 4)))
+        preload.append((f"t{ns}", ids, v, t))
+    ranks = np.arange(1, 100_000, dtype=np.float64) ** -1.6
+    events = []
+    total = reads + writes
+    read_at = set(rng.choice(total, size=reads, replace=False).tolist())
+    for e in range(total):
+        ns = int(rng.choice(namespaces, p=pop))
+        if e in read_at and rows[ns]:
+            n = len(rows[ns])
+            p = ranks[:n] / ranks[:n].sum()
+            target = rows[ns][n - 1 - int(rng.choice(n, p=p))]
+            q = unit(vecs[target] + 0.3 * rng.standard_normal(dim) / math.sqrt(dim))
+            events.append(("search", f"t{ns}", q, "live"))
+        else:
+            ids, v, t = write(ns, int(rng.integers(1, 4)))
+            events.append(("add", f"t{ns}", ids, v, t))
+    top = [f"t{i}" for i in range(5)]
+    return Workload("synthetic", dim, preload, events, next_id[0] - 1, tau, top)
+
+
+def locomo(path: Path, *, tau: float = 0.5, max_conversations: int | None = None) -> Workload:
+    from tiered_recall.embedders import WordLlamaEmbedder
+
+    embed = WordLlamaEmbedder()
+    data = json.loads(path.read_text())[:max_conversations]
+    per_conv = []
+    next_id = 1
+    for conv in data:
+        c = conv["conversation"]
+        ns = conv["sample_id"]
+        sessions = sorted(int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k) and c[k])
+        by_session = {}
+        for s in sessions:
+            date = c.get(f"session_{s}_date_time", "")
+            texts = [f"{date}: {t['speaker']} said, \"{t['text']}\"" for t in c[f"session_{s}"]]
+            ids = list(range(next_id, next_id + len(texts)))
+            next_id += len(texts)
+            by_session[s] = (ids, unit(embed(texts)), texts)
+        qs = [qa for qa in conv["qa"] if qa.get("category") in (1, 2, 3, 4, 5) and qa.get("question")]
+        qv = unit(embed([qa["question"] for qa in qs]))
+        after: dict[int, list] = {}
+        for qa, v in zip(qs, qv):
+            last = 0
+            for ev in qa.get("evidence", []):
+                for part in str(ev).replace(",", ";").split(";"):
+                    m = _DIA.match(part.strip())
+                    if m and int(m.group(1)) in by_session:
+                        last = max(last, int(m.group(1)))
+            after.setdefault(last if last else sessions[-1], []).append(v)
+        per_conv.append((ns, sessions, by_session, after, qv))
+    events = []
+    t = 1_700_000_000.0
+    for step in range(max(len(p[1]) for p in per_conv)):
+        for ns, sessions, by_session, after, _ in per_conv:
+            if step < len(sessions):
+                s = sessions[step]
+                ids, v, _texts = by_session[s]
+                t += 3600
+                events.append(("add", ns, ids, v, t))
+                for q in after.get(s, []):
+                    events.append(("search", ns, q, "after-evidence"))
+    for ns, _, _, _, qv in per_conv:
+        for q in qv:
+            events.append(("search", ns, q, "end"))
+    return Workload("locomo", embed.dim, [], events, next_id - 1, tau, [per_conv[0][0]])
+
+
+# ---- replay -------------------------------------------------------------------------------
+
+def make_policy(name: str, pin: list[str]):
+    return {"lru": lambda: LRU(), "lfu": lambda: LFU(half_life=2000), "recency": lambda: RecencyWindow(),
+            "lfu+pin": lambda: LFU(half_life=2000, pin_namespaces=pin)}[name]()
+
+
+RULE_SETS = {"complete": (("complete",), None), "complete+bound": (("complete", "bound"), None),
+             "complete+bound+tau": (("complete", "bound"), "tau")}
+
+
+def stop_sidecar(memory: TieredMemory) -> None:
+    name = memory.sidecar_name
+    memory.close()
+    if segment_path(name).exists():
+        try:
+            with HotTier.attach(name) as hot:
+                os.kill(hot.owner_pid, signal.SIGTERM)
+        except Exception:
+            pass
+
+
+def build_preload(w: Workload, root: Path) -> Path | None:
+    if not w.preload:
+        return None
+    from tiered_recall.storage import ColdStore
+
+    base = root / f"{w.name}-base"
+    cold = ColdStore(base / "cold", dim=w.dim, background=False)
+    batch: list = []
+
+    def flush():
+        if not batch:
+            return
+        ids = np.concatenate([np.asarray(b[1]) for b in batch]).astype(np.int64)
+        cold.add(ids=ids, vectors=np.vstack([b[2] for b in batch]),
+                 namespaces=[b[0] for b in batch for _ in b[1]], texts=[f"m{i}" for i in ids],
+                 sessions=[None] * len(ids), roles=[None] * len(ids),
+                 created_at_us=np.concatenate([[int(b[3] * 1e6)] * len(b[1]) for b in batch]),
+                 metadata=[None] * len(ids))
+        batch.clear()
+
+    for item in w.preload:
+        batch.append(item)
+        if len(batch) >= 4000:
+            flush()
+    flush()
+    cold.optimize()
+    cold.close()
+    return base
+
+
+def replay(w: Workload, root: Path, base: Path | None, *, policy: str, rules: str, capacity: int) -> dict:
+    run = root / f"{w.name}-{policy}-{rules}-{capacity}"
+    if run.exists():
+        shutil.rmtree(run)
+    if base is not None:
+        shutil.copytree(base, run)
+    rule_list, tau = RULE_SETS[rules]
+    memory = TieredMemory(run, dim=w.dim, embedder=None, device="cpu", hot_capacity=capacity,
+                          policy=make_policy(policy, w.pin), rules=rule_list,
+                          confidence=w.tau if tau else None, orphan_grace_s=5.0)
+    exact_ids: dict[str, list] = {}
+    exact_vecs: dict[str, list] = {}
+    for ns, ids, v, _ in w.preload:
+        exact_ids.setdefault(ns, []).extend(ids)
+        exact_vecs.setdefault(ns, []).append(v)
+    cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def exact(ns: str, q: np.ndarray) -> set[int]:
+        if ns not in cache:
+            cache[ns] = (np.asarray(exact_ids[ns], dtype=np.int64), np.vstack(exact_vecs[ns]))
+        ids, x = cache[ns]
+        s = x @ q
+        order = np.lexsort((ids, -s))[:K]
+        return set(ids[order].tolist())
+
+    moved0 = dict(memory.stats()["rows_moved"])
+    records = []
+    t_start = time.perf_counter()
+    for ev in w.events:
+        if ev[0] == "add":
+            _, ns, ids, v, t = ev
+            memory.add(["m"] * len(ids), vectors=v, ids=ids, namespace=ns, created_at=t)
+            exact_ids.setdefault(ns, []).extend(ids)
+            exact_vecs.setdefault(ns, []).append(v)
+            cache.pop(ns, None)
+        else:
+            _, ns, q, phase = ev
+            report = memory.search(q, k=K, namespace=ns, explain=True)
+            want = exact(ns, q)
+            got = {h.id for h in report.hits}
+            records.append((report.rule, report.path, report.seconds, len(got & want) / max(1, len(want)), phase))
+    wall = time.perf_counter() - t_start
+    stats = memory.stats()
+    moved = {key: stats["rows_moved"][key] - moved0.get(key, 0) for key in ("inserted", "promoted", "evicted")}
+    stop_sidecar(memory)
+    shutil.rmtree(run, ignore_errors=True)
+    n = len(records)
+    rules_arr = np.array([r[0] for r in records])
+    paths = np.array([r[1] for r in records])
+    secs = np.array([r[2] for r in records]) * 1e6
+    rec = np.array([r[3] for r in records])
+    latency = {}
+    for p in ("hot", "hot+cold"):
+        sel = paths == p
+        if sel.any():
+            latency[p] = {"searches": int(sel.sum()), "p50_us": float(np.percentile(secs[sel], 50)),
+                          "p99_us": float(np.percentile(secs[sel], 99))}
+    by_rule = {r: int((rules_arr == r).sum()) for r in ("complete", "bound", "threshold", "cold", "no-hot")}
+    skipped = rules_arr != "cold"
+    return {
+        "workload": w.name, "policy": policy, "rules": rules, "capacity": capacity,
+        "capacity_share": capacity / w.total_rows, "searches": n,
+        "hit_rate": float(skipped.mean()) if n else None,
+        "recall_at_10": float(rec.mean()) if n else None,
+        "recall_when_skipped": float(rec[skipped].mean()) if skipped.any() else None,
+        "exact_when_bound": bool((rec[rules_arr == "bound"] == 1.0).all()),
+        "decided_by": by_rule, "latency": latency, "rows_moved": moved, "wall_s": wall,
+        "phases": {ph: {"hit_rate": float(skipped[[r[4] == ph for r in records]].mean()),
+                        "recall_at_10": float(rec[[r[4] == ph for r in records]].mean())}
+                   for ph in sorted({r[4] for r in records})},
+    }
+
+
+# ---- report -------------------------------------------------------------------------------
+
+def table(results: list[dict]) -> str:
+    head = ("| workload | policy | rules | hot cap | hit rate | recall@10 | by rule (complete/bound/tau/cold) "
+            "| p50/p99 hot us | p50/p99 hot+cold us | rows in/promoted/evicted |")
+    lines = [head, "|" + "---|" * 10]
+    for r in results:
+        d = r["decided_by"]
+        lat = r["latency"]
+        hot = lat.get("hot")
+        cold = lat.get("hot+cold")
+        fmt = (lambda x: f"{x['p50_us']:.0f}/{x['p99_us']:.0f}" if x else "-")
+        m = r["rows_moved"]
+        lines.append(f"| {r['workload']} | {r['policy']} | {r['rules']} | {r['capacity']} ({100 * r['capacity_share']:.0f}%) "
+                     f"| {100 * r['hit_rate']:.1f}% | {r['recall_at_10']:.4f} | {d['complete']}/{d['bound']}/{d['threshold']}/{d['cold']} "
+                     f"| {fmt(hot)} | {fmt(cold)} | {m['inserted']}/{m['promoted']}/{m['evicted']} |")
+    return "\n".join(lines)
+
+
+def plots(results: list[dict], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    workloads = sorted({r["workload"] for r in results})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+    for ax, wl in zip(axes[0], workloads):
+        for pol in sorted({r["policy"] for r in results}):
+            pts = sorted((r["capacity_share"], r["hit_rate"]) for r in results
+                         if r["workload"] == wl and r["policy"] == pol and r["rules"] == "complete+bound")
+            if pts:
+                ax.plot([100 * p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=pol)
+        ax.set_title(f"{wl}: answered without the cold tier (rules 1+2)")
+        ax.set_xlabel("hot capacity (% of all memories)")
+        ax.set_ylabel("hit rate (%)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path = f"{out}_hit_rate_vs_capacity.png"
+    fig.savefig(path, dpi=110)
+    written.append(path)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+    markers = {"complete": "o", "complete+bound": "s", "complete+bound+tau": "^"}
+    for ax, wl in zip(axes[0], workloads):
+        for r in results:
+            if r["workload"] == wl:
+                ax.scatter(100 * r["hit_rate"], r["recall_at_10"], marker=markers[r["rules"]],
+                           label=f"{r['policy']} {r['rules']}" if r["capacity_share"] == max(
+                               x["capacity_share"] for x in results if x["workload"] == wl) else None, alpha=0.8)
+        ax.set_title(f"{wl}: recall@10 against hit rate (all runs)")
+        ax.set_xlabel("hit rate (%)")
+        ax.set_ylabel("recall@10 vs exact")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = f"{out}_recall_vs_hit_rate.png"
+    fig.savefig(path, dpi=110)
+    written.append(path)
+    plt.close("all")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=["synthetic", "locomo"], choices=["synthetic", "locomo"])
+    ap.add_argument("--policies", nargs="+", default=["lru", "lfu", "recency", "lfu+pin"])
+    ap.add_argument("--sweep-policies", nargs="+", default=None, help="policies for the capacity sweep (default: --policies)")
+    ap.add_argument("--locomo-conversations", type=int, default=None, help="only the first N conversations")
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--namespaces", type=int, default=2000)
+    ap.add_argument("--preload", type=int, default=20000, help="synthetic: memories written before the replay")
+    ap.add_argument("--writes", type=int, default=1500, help="synthetic: add calls (1-3 memories each) in the replay")
+    ap.add_argument("--reads", type=int, default=6000, help="synthetic: searches in the replay")
+    ap.add_argument("--shares", nargs="+", type=float, default=[0.05, 0.10, 0.20],
+                    help="hot capacities for the sweep, as shares of all memories (rules 1+2)")
+    ap.add_argument("--main-share", type=float, default=0.10, help="synthetic capacity for the rule comparison")
+    ap.add_argument("--locomo-main-share", type=float, default=0.25)
+    ap.add_argument("--locomo-shares", nargs="+", type=float, default=[0.10, 0.25, 0.50])
+    ap.add_argument("--out", default=str(REPO / "results" / "tier_hit_rate"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.namespaces, args.preload, args.writes, args.reads = 200, 2000, 150, 600
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="tier-hit-rate-") as tmp:
+        root = Path(tmp)
+        for wl in args.workloads:
+            if wl == "synthetic":
+                w = synthetic(namespaces=args.namespaces, preload_rows=args.preload, writes=args.writes, reads=args.reads)
+                main_share, shares = args.main_share, args.shares
+            else:
+                if not LOCOMO.exists():
+                    print(f"LoCoMo not found at {LOCOMO}: skipped", file=sys.stderr)
+                    continue
+                w = locomo(LOCOMO, max_conversations=2 if args.quick else args.locomo_conversations)
+                main_share, shares = args.locomo_main_share, args.locomo_shares
+            base = build_preload(w, root)
+            runs = [(p, rs, main_share) for p in args.policies for rs in RULE_SETS]
+            runs += [(p, "complete+bound", s) for p in (args.sweep_policies or args.policies) for s in shares
+                     if s != main_share]
+            for policy, rules, share in runs:
+                capacity = max(1, int(round(share * w.total_rows)))
+                r = replay(w, root, base, policy=policy, rules=rules, capacity=capacity)
+                results.append(r)
+                print(f"  {wl:9s} {policy:8s} {rules:20s} cap {capacity:6d}: hit {100 * r['hit_rate']:5.1f}% "
+                      f"recall {r['recall_at_10']:.4f} ({r['wall_s']:.0f} s)", flush=True)
+    print()
+    print(table(results))
+    Path(f"{out}.json").write_text(json.dumps({"command": " ".join(sys.argv), "k": K, "results": results}, indent=1))
+    written = [f"{out}.json"]
+    try:
+        written += plots(results, out)
+    except ImportError:
+        print("matplotlib is not installed: no PNGs (pip install matplotlib)", file=sys.stderr)
+    print("\nwrote " + ", ".join(written))
+    bad = [r for r in results if not r["exact_when_bound"]]
+    if bad:
+        print(f"ERROR: rule 2 changed an answer in {len(bad)} runs", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

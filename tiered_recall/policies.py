@@ -1,0 +1,217 @@
+"""Placement policies: which rows live in the hot tier, decided by the coordinator.
+
+The sidecar's own eviction is LRU. A coordinator with a policy keeps the hot tier below its
+capacity by deleting the policy's victims explicitly before each insert, so the sidecar never
+has to choose. Policies rank hot rows by a priority (lowest is evicted first); pinned rows and
+namespaces are never evicted.
+
+    LRU()                              least recently used (a search hit or an insert uses a row)
+    LFU(half_life=1000)                least frequently used, counts halve every half_life ticks
+    RecencyWindow(rows_per_namespace=None)   newest rows by created_at; with rows_per_namespace,
+                                       also at most that many rows of any one namespace;
+                                       cold hits are not promoted (they would be evicted first)
+
+Each policy takes pin_namespaces=... and pin_ids=...; TieredMemory.pin / unpin change them later.
+Policy state is per process (see TieredMemory): with several writers the sidecar's LRU may evict.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .errors import InvalidInput
+
+
+class Policy:
+    """Base class: priority() ranks hot rows for eviction (lowest first)."""
+
+    name = "policy"
+    promote = True  # cold hits move into the hot tier
+
+    def __init__(self, *, pin_namespaces: Iterable[str] = (), pin_ids: Iterable[int] = (),
+                 promote: bool | None = None) -> None:
+        self.pinned_namespaces: set[str] = set(pin_namespaces)
+        self.pinned_ids: set[int] = {int(i) for i in pin_ids}
+        if promote is not None:
+            self.promote = bool(promote)
+
+    def priority(self, table: "HotSet", rows: np.ndarray, now: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def per_namespace_cap(self) -> int | None:
+        return None
+
+    def is_pinned(self, row_id: int, namespace: str) -> bool:
+        return row_id in self.pinned_ids or namespace in self.pinned_namespaces
+
+    def describe(self) -> str:
+        return self.name
+
+
+class LRU(Policy):
+    name = "lru"
+
+    def priority(self, table, rows, now):
+        return table.last_use[rows].astype(np.float64)
+
+
+class LFU(Policy):
+    """Frequency with ageing: each use adds 1, and the count halves every half_life ticks (one
+    tick per search or add), so yesterday's favourites make way for today's."""
+
+    name = "lfu"
+
+    def __init__(self, *, half_life: float = 1000.0, **kw) -> None:
+        super().__init__(**kw)
+        if not half_life > 0:
+            raise InvalidInput(f"half_life must be > 0 ticks, got {half_life!r}")
+        self.half_life = float(half_life)
+
+    def priority(self, table, rows, now):
+        aged = table.freq[rows] * np.exp2(-(now - table.freq_at[rows]) / self.half_life)
+        return aged + table.last_use[rows] * 1e-12  # ties: least recently used first
+
+    def describe(self) -> str:
+        return f"lfu(half_life={self.half_life:g})"
+
+
+class RecencyWindow(Policy):
+    name = "recency"
+    promote = False
+
+    def __init__(self, *, rows_per_namespace: int | None = None, **kw) -> None:
+        super().__init__(**kw)
+        if rows_per_namespace is not None and (not isinstance(rows_per_namespace, int) or rows_per_namespace < 1):
+            raise InvalidInput(f"rows_per_namespace must be a positive int or None, got {rows_per_namespace!r}")
+        self.rows_per_namespace = rows_per_namespace
+
+    def priority(self, table, rows, now):
+        return table.created_us[rows].astype(np.float64)
+
+    def per_namespace_cap(self) -> int | None:
+        return self.rows_per_namespace
+
+    def describe(self) -> str:
+        return "recency" if self.rows_per_namespace is None else f"recency(rows_per_namespace={self.rows_per_namespace})"
+
+
+POLICIES = {"lru": LRU, "lfu": LFU, "recency": RecencyWindow}
+
+
+def resolve_policy(spec: str | Policy | None) -> Policy:
+    if spec is None:
+        return LRU()
+    if isinstance(spec, Policy):
+        return spec
+    if isinstance(spec, str) and spec in POLICIES:
+        return POLICIES[spec]()
+    raise InvalidInput(f"policy must be one of {sorted(POLICIES)} or a Policy instance, got {spec!r}")
+
+
+class HotSet:
+    """What this process knows the hot tier holds: per row its namespace, created_at, use
+    statistics and a host copy of its vector (needed to fold an evicted row into the bounds)."""
+
+    def __init__(self, dim: int, capacity: int) -> None:
+        self.dim = dim
+        self.capacity = capacity
+        self.slot: dict[int, int] = {}
+        self.free: list[int] = list(range(capacity - 1, -1, -1))
+        self.ids = np.full(capacity, -1, dtype=np.int64)
+        self.namespace: list[str | None] = [None] * capacity
+        self.created_us = np.zeros(capacity, dtype=np.int64)
+        self.last_use = np.zeros(capacity, dtype=np.int64)
+        self.freq = np.zeros(capacity, dtype=np.float64)
+        self.freq_at = np.zeros(capacity, dtype=np.int64)
+        self.vectors = np.zeros((capacity, dim), dtype=np.float32)
+        self.per_namespace: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def __contains__(self, row_id: int) -> bool:
+        return int(row_id) in self.slot
+
+    def clear(self) -> None:
+        self.__init__(self.dim, self.capacity)
+
+    def put(self, row_id: int, namespace: str, vector: np.ndarray, created_us: int, now: int,
+            half_life: float | None = None) -> None:
+        """Tracks a row placed in the hot tier (an insert counts as one use)."""
+        row_id = int(row_id)
+        s = self.slot.get(row_id)
+        if s is None:
+            s = self.free.pop()
+            self.slot[row_id] = s
+            self.freq[s] = 0.0
+            self.freq_at[s] = now
+        else:
+            self._count(self.namespace[s], -1)
+        self.ids[s] = row_id
+        self.namespace[s] = namespace
+        self._count(namespace, +1)
+        self.vectors[s] = vector
+        self.created_us[s] = created_us
+        self.use_slot(s, now, 1.0, half_life)
+
+    def _count(self, namespace: str, delta: int) -> None:
+        n = self.per_namespace.get(namespace, 0) + delta
+        if n:
+            self.per_namespace[namespace] = n
+        else:
+            self.per_namespace.pop(namespace, None)
+
+    def use_slot(self, s: int, now: int, weight: float = 1.0, half_life: float | None = None) -> None:
+        if half_life is not None:
+            self.freq[s] = self.freq[s] * np.exp2(-(now - self.freq_at[s]) / half_life) + weight
+        else:
+            self.freq[s] += weight
+        self.freq_at[s] = now
+        self.last_use[s] = now
+
+    def use(self, ids: Iterable[int], now: int, half_life: float | None = None) -> None:
+        for i in ids:
+            s = self.slot.get(int(i))
+            if s is not None:
+                self.use_slot(s, now, 1.0, half_life)
+
+    def remove(self, row_id: int) -> tuple[str, np.ndarray, int] | None:
+        """Forgets a row; returns (namespace, vector copy, created_us) or None when it was not tracked."""
+        s = self.slot.pop(int(row_id), None)
+        if s is None:
+            return None
+        ns = self.namespace[s]
+        self._count(ns, -1)
+        out = (ns, self.vectors[s].copy(), int(self.created_us[s]))
+        self.ids[s] = -1
+        self.namespace[s] = None
+        self.free.append(s)
+        return out
+
+    def live_slots(self, namespace: str | None = None) -> np.ndarray:
+        slots = np.fromiter(self.slot.values(), dtype=np.int64, count=len(self.slot))
+        if namespace is not None:
+            slots = slots[[self.namespace[s] == namespace for s in slots]] if slots.size else slots
+        return slots
+
+    def victims(self, policy: Policy, n: int, now: int, *, exclude: set[int] = frozenset(),
+                namespace: str | None = None) -> list[int]:
+        """The n rows the policy evicts first (never pinned ones, nor ids in exclude); fewer when not enough."""
+        if n <= 0:
+            return []
+        slots = self.live_slots(namespace)
+        if slots.size == 0:
+            return []
+        keep = np.array([not policy.is_pinned(int(self.ids[s]), self.namespace[s]) and int(self.ids[s]) not in exclude
+                         for s in slots], dtype=bool)
+        slots = slots[keep]
+        if slots.size == 0:
+            return []
+        pr = policy.priority(self, slots, now)
+        if n < slots.size:
+            part = np.argpartition(pr, n - 1)[:n]
+            order = part[np.argsort(pr[part], kind="stable")]
+        else:
+            order = np.argsort(pr, kind="stable")
+        return [int(self.ids[s]) for s in slots[order]]
