@@ -1,0 +1,423 @@
+"""Fault injection (issue 8, part 1), long version: SIGKILL the sidecar under load, kill clients mid-request,
+kill ingest runs, fill the disk. tests/test_faults.py runs the same engines with small sizes in CI.
+
+    python benchmarks/faults.py sidecar-kills --kills 25 --workers 4
+    python benchmarks/faults.py client-kills --kills 30
+    python benchmarks/faults.py ingest-kills --kills 5 --turns 3000
+    python benchmarks/faults.py disk-full           (root: mounts a 4 MiB tmpfs)
+    python benchmarks/faults.py all
+
+Each prints one JSON line of figures: kills survived, acknowledged memories lost (must be 0),
+calls that hung (must be 0), wrong answers (must be 0), restart times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+DIM = 32
+HANG_S = 20.0  # a call slower than this counts as hung (the client timeout is 2 s; cold search is ms)
+
+
+def _unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _open(store: Path, device: str = "cpu"):
+    from tiered_recall.memory import TieredMemory
+
+    return TieredMemory(store, dim=DIM, embedder=None, device=device, hot_capacity=200_000, timeout_s=2.0,
+                        orphan_grace_s=2.0)
+
+
+def sidecar_pid(name: str) -> int:
+    from tiered_recall import _layout as L
+    from tiered_recall._proc import pid_alive
+    from tiered_recall.sidecar import segment_path
+
+    try:
+        raw = segment_path(name).read_bytes()[: L.HEADER_BYTES]
+    except OSError:
+        return 0
+    if len(raw) < L.HEADER_BYTES:
+        return 0
+    head = L.Header.from_buffer_copy(raw)
+    return int(head.owner_pid) if head.state == L.SERVER_READY and pid_alive(int(head.owner_pid)) else 0
+
+
+# ---- 1. SIGKILL the sidecar while clients add and search -------------------------------------
+
+def _load_worker(store: str, worker: int, stop, queue) -> None:
+    from tiered_recall.errors import TieredRecallError
+
+    rng = np.random.default_rng(worker + 17)
+    namespace = f"w{worker}"
+    acked: list[int] = []
+    vectors: dict[int, np.ndarray] = {}
+    stats = dict(worker=worker, adds=0, searches=0, clear_errors=0, wrong=0, hung=0, unexpected=[], max_call_s=0.0,
+                 tiers={})
+    try:
+        memory = _open(Path(store))
+        while not stop.is_set():
+            for op in ("add", "search", "search"):
+                t0 = time.monotonic()
+                try:
+                    if op == "add":
+                        v = _unit(rng, 1)
+                        memory_id = memory.add(vectors=v, namespace=namespace)[0]
+                        acked.append(memory_id)  # acknowledged: must survive everything below
+                        vectors[memory_id] = v[0]
+                        stats["adds"] += 1
+                    elif acked:
+                        target = acked[int(rng.integers(len(acked)))]
+                        hits = memory.search(vectors[target], k=3, namespace=namespace)
+                        stats["searches"] += 1
+                        if not hits or hits[0].id != target or abs(hits[0].score - 1.0) > 1e-4:
+                            stats["wrong"] += 1
+                        for h in hits:
+                            stats["tiers"][h.tier] = stats["tiers"].get(h.tier, 0) + 1
+                except TieredRecallError:
+                    stats["clear_errors"] += 1  # allowed: a clear error within the timeout
+                except Exception as exc:  # an unclear failure is a bug
+                    stats["unexpected"].append(repr(exc)[:300])
+                took = time.monotonic() - t0
+                stats["max_call_s"] = max(stats["max_call_s"], took)
+                if took > HANG_S:
+                    stats["hung"] += 1
+        memory.search(_unit(rng, 1)[0], k=1)  # reconnects and flushes this worker's backlog
+        memory.close()
+    except Exception as exc:
+        stats["unexpected"].append(f"worker died: {exc!r}"[:300])
+    stats["acked"] = acked
+    queue.put(stats)
+
+
+def sidecar_kills(store: Path, *, kills: int, workers: int = 4, min_gap_s: float = 0.3, max_gap_s: float = 1.5,
+                  seed: int = 0) -> dict:
+    """Runs `workers` processes adding and searching; SIGKILLs the sidecar `kills` times at random moments."""
+    from tiered_recall.sidecar import HotTier
+
+    rnd = random.Random(seed)
+    memory = _open(store)
+    name = memory.sidecar_name
+    memory.close()
+    ctx = mp.get_context("spawn")
+    stop, queue = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_load_worker, args=(str(store), w, stop, queue)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)  # let the workers import and open the store
+    done, restart_s, waits_without_sidecar = 0, [], 0
+    t_start = time.monotonic()
+    while done < kills:
+        time.sleep(rnd.uniform(min_gap_s, max_gap_s))
+        pid = sidecar_pid(name)
+        if not pid:
+            waits_without_sidecar += 1
+            if waits_without_sidecar > 60:
+                break  # nobody restarted it: reported below as a failure
+            continue
+        waits_without_sidecar = 0
+        os.kill(pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        done += 1
+        while time.monotonic() - t_kill < 30:  # restarted by a client, without a person acting
+            new = sidecar_pid(name)
+            if new and new != pid:
+                restart_s.append(time.monotonic() - t_kill)
+                break
+            time.sleep(0.01)
+    stop.set()
+    results = []
+    for p in procs:
+        try:
+            results.append(queue.get(timeout=HANG_S + 60))
+        except Exception:
+            pass
+    hung_workers = 0
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            hung_workers += 1
+            p.kill()
+    elapsed = time.monotonic() - t_start
+    acked = [i for r in results for i in r["acked"]]
+    final = _open(store)
+    try:
+        rows = final.get(acked) if acked else []
+        lost = sum(1 for r in rows if r is None)
+        total = final.count()
+        hot = HotTier.attach(final.sidecar_name)
+        deadline = time.monotonic() + 10
+        while True:
+            present = int(hot.contains(np.asarray(acked, dtype=np.int64)).sum()) if acked else 0
+            if present == len(acked) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        # once the hot tier holds every acknowledged row, a search must be served from it
+        hits = final.search(final.cold.get([acked[-1]])[0]["vector"], k=1) if acked else []
+        final_tier = hits[0].tier if hits else None
+        hot_rows = hot.stats()["hot_rows"]
+        hot.close()
+    finally:
+        final.close()
+    return {
+        "test": "sidecar-kills", "workers": workers, "kills": done, "kills_asked": kills,
+        "restarted_every_time": len(restart_s) == done, "restart_s_median": float(np.median(restart_s)) if restart_s else None,
+        "restart_s_max": max(restart_s) if restart_s else None, "seconds": round(elapsed, 1),
+        "adds_acknowledged": len(acked), "acknowledged_lost": lost, "rows_in_store": total,
+        "duplicates": total - len(set(acked)), "searches": sum(r["searches"] for r in results),
+        "wrong_answers": sum(r["wrong"] for r in results), "clear_errors": sum(r["clear_errors"] for r in results),
+        "hung_calls": sum(r["hung"] for r in results) + hung_workers, "workers_reported": len(results),
+        "max_call_s": round(max((r["max_call_s"] for r in results), default=0.0), 3),
+        "unexpected": [u for r in results for u in r["unexpected"]][:10],
+        "tiers_served": {t: sum(r["tiers"].get(t, 0) for r in results) for t in ("hot", "cold")},
+        "hot_rows_after": hot_rows, "acked_in_hot_after": present, "final_search_tier": final_tier,
+    }
+
+
+# ---- 2. SIGKILL a client in the middle of a request ------------------------------------------
+
+def _busy_client(name: str, seed: int, ready) -> None:
+    from tiered_recall.sidecar import HotTier
+
+    rng = np.random.default_rng(seed)
+    hot = HotTier.attach(name, timeout_s=10)
+    x = _unit(rng, hot.max_upsert_rows * 3, hot.dim)
+    ids = np.arange(x.shape[0], dtype=np.int64) + (1 << 40) + seed * 100_000
+    ready.set()
+    while True:  # every call holds a slot; a SIGKILL lands in one of them
+        hot.upsert(ids, x, 77)
+        hot.search(x[: hot.max_search_queries // 2], k=hot.max_k // 4)
+        hot.delete(ids[::2])
+
+
+def client_kills(*, kills: int, dim: int = 256, slots: int = 2, seed: int = 0, timeout_s: float = 120) -> dict:
+    """A client doing large requests is SIGKILLed `kills` times; another client checks its answers all along."""
+    import uuid
+
+    from tiered_recall import _layout as L
+    from tiered_recall.sidecar import HotTier, start_sidecar
+
+    name = f"faults-{uuid.uuid4().hex[:10]}"
+    proc = start_sidecar(name, dim=dim, capacity=50_000, slots=slots)
+    rnd = random.Random(seed)
+    rng = np.random.default_rng(seed)
+    honest = HotTier.attach(name, timeout_s=10)
+    mine = _unit(rng, 8, dim)
+    my_ids = np.arange(8, dtype=np.int64) + (1 << 50)
+    honest.upsert(my_ids, mine, 5)
+    checks = wrong = errors = 0
+    stop = threading.Event()
+
+    def check_loop() -> None:
+        nonlocal checks, wrong, errors
+        while not stop.is_set():
+            i = checks % 8
+            try:
+                honest.upsert(my_ids[i: i + 1], mine[i: i + 1], 5)
+                res = honest.search(mine[i], k=1, namespace_hash=5)
+                if res.ids[0, 0] != my_ids[i]:
+                    wrong += 1
+            except Exception:
+                errors += 1
+            checks += 1
+
+    checker = threading.Thread(target=check_loop, daemon=True)
+    checker.start()
+    ctx = mp.get_context("spawn")
+    t0 = time.monotonic()
+    killed = 0
+    for k in range(kills):
+        ready = ctx.Event()
+        p = ctx.Process(target=_busy_client, args=(name, seed * 1000 + k, ready))
+        p.start()
+        if not ready.wait(60):
+            p.kill()
+            break
+        time.sleep(rnd.uniform(0.02, 0.4))
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        killed += 1
+        if time.monotonic() - t0 > timeout_s:
+            break
+    stop.set()
+    checker.join(30)
+    # every slot comes back: the dead clients' ones are reclaimed by the sidecar's sweep
+    deadline = time.monotonic() + 5
+    while True:
+        states = [L.Slot.from_buffer_copy(honest._mm[honest._header.slots_offset + i * honest._header.slot_bytes:
+                                                      honest._header.slots_offset + i * honest._header.slot_bytes
+                                                      + L.SLOT_HEADER_BYTES]).state for i in range(slots)]
+        if all(s == L.SLOT_FREE for s in states) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    t1 = time.monotonic()
+    ok_after = honest.search(mine[3], k=1, namespace_hash=5).ids[0, 0] == my_ids[3]
+    ping_after_s = time.monotonic() - t1
+    reclaimed = honest.stats()["reclaimed_slots"]
+    honest.close()
+    alive = proc.running()
+    proc.stop()
+    return {"test": "client-kills", "kills": killed, "slots": slots, "honest_checks": checks, "honest_wrong": wrong,
+            "honest_errors": errors, "slots_free_after": all(s == L.SLOT_FREE for s in states),
+            "reclaimed_slots": reclaimed, "sidecar_alive": alive, "honest_ok_after": bool(ok_after),
+            "call_after_s": round(ping_after_s, 3), "seconds": round(time.monotonic() - t0, 1)}
+
+
+# ---- 3. SIGKILL an ingest run and run it again -----------------------------------------------
+
+def write_conversations(path: Path, turns: int, seed: int = 0) -> Path:
+    rnd = random.Random(seed)
+    words = "apple river mountain coffee train doctor garden holiday budget slides vet allergy concert".split()
+    with open(path, "w") as f:
+        for t in range(turns):
+            text = " ".join(rnd.choice(words) for _ in range(8)) + f" #{t}"
+            f.write(json.dumps({"session": f"s{t // 50}", "role": "user" if t % 2 else "assistant",
+                                "content": text, "timestamp": 1_700_000_000 + t * 60}) + "\n")
+    return path
+
+
+def _ingest_cmd(data: Path, store: Path, batch: int) -> list[str]:
+    return [sys.executable, "-m", "tiered_recall.cli", "ingest", str(data), "--store", str(store), "--device", "none",
+            "--batch-size", str(batch), "--quiet", "--json", "--namespace", "chat-{conversation}"]
+
+
+def _snapshot(store: Path) -> dict[int, tuple]:
+    from tiered_recall.memory import TieredMemory
+
+    with TieredMemory(store, device="none") as m:
+        table = m.cold._table.to_arrow() if hasattr(m.cold, "_table") else None
+        if table is None:
+            raise RuntimeError("cannot read the cold table")
+        ids = table.column("id").to_pylist()
+        texts = table.column("text").to_pylist()
+        nss = table.column("namespace").to_pylist()
+    return {i: (t, n) for i, t, n in zip(ids, texts, nss)}, len(ids)
+
+
+def ingest_kills(workdir: Path, *, kills: int, turns: int = 600, batch: int = 25, seed: int = 0) -> dict:
+    rnd = random.Random(seed)
+    data = write_conversations(workdir / "chat.jsonl", turns, seed)
+    clean, dirty = workdir / "clean", workdir / "dirty"
+    t0 = time.monotonic()
+    out = subprocess.run(_ingest_cmd(data, clean, batch), capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"clean ingest failed: {out.stderr[-2000:]}")
+    clean_s = time.monotonic() - t0
+    try:  # the run's own ingest time; the rest of clean_s is interpreter start-up and embedder loading
+        ingest_s = float(json.loads(out.stdout[out.stdout.index("{"):])["elapsed_s"])
+    except (ValueError, KeyError):
+        ingest_s = clean_s / 2
+    startup_s = max(0.0, clean_s - ingest_s)
+    killed_at = []
+    for _ in range(kills):
+        def files() -> int:
+            return sum(len(f) for _, _, f in os.walk(dirty)) if dirty.exists() else 0
+
+        before = files()
+        p = subprocess.Popen(_ingest_cmd(data, dirty, batch), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t_start = time.monotonic()
+        while p.poll() is None and files() <= before + 2 and time.monotonic() - t_start < 600:
+            time.sleep(0.005)  # wait until this run has started committing batches
+        delay = rnd.uniform(0.0, 0.6) * ingest_s
+        try:
+            p.wait(delay)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            killed_at.append(round(time.monotonic() - t_start, 2))
+    out = subprocess.run(_ingest_cmd(data, dirty, batch), capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"final ingest failed: {out.stderr[-2000:]}")
+    want, want_rows = _snapshot(clean)
+    got, got_rows = _snapshot(dirty)
+    return {"test": "ingest-kills", "turns": turns, "kills": len(killed_at), "killed_at_s": killed_at,
+            "clean_run_s": round(clean_s, 2), "clean_ingest_s": round(ingest_s, 2), "clean_rows": want_rows, "rows_after_kills_and_rerun": got_rows,
+            "missing": len(set(want) - set(got)), "extra": len(set(got) - set(want)), "duplicates": got_rows - len(got),
+            "different_text": sum(1 for i in want if i in got and got[i] != want[i]), "identical": got == want and got_rows == want_rows}
+
+
+# ---- 4. fill the disk during adds --------------------------------------------------------------
+
+def disk_full(mount_point: Path, *, size: str = "4m", text_bytes: int = 4000) -> dict:
+    """Mounts a small tmpfs (root only), adds until the disk is full, reopens, checks every acknowledged memory."""
+    from tiered_recall.errors import TieredRecallError
+
+    mount_point.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mount_point)], check=True,
+                   capture_output=True)
+    try:
+        store = mount_point / "store"
+        rng = np.random.default_rng(0)
+        acked: list[int] = []
+        error = None
+        memory = _open(store, device="none")
+        t0 = time.monotonic()
+        for batch in range(10_000):
+            texts = [f"memory {batch}-{i} " + "x" * text_bytes for i in range(20)]
+            try:
+                acked += memory.add(texts, vectors=_unit(rng, 20))
+            except TieredRecallError as exc:
+                error = exc
+                break
+            except Exception as exc:  # an unclear error is the failure this test looks for
+                error = exc
+                break
+            if time.monotonic() - t0 > 120:
+                break
+        after_error_ok = None
+        try:
+            memory.close()
+        except Exception:
+            pass
+        reopened = _open(store, device="none")
+        try:
+            rows = reopened.get(acked) if acked else []
+            lost = sum(1 for r in rows if r is None)
+            count = reopened.count()
+        finally:
+            reopened.close()
+        return {"test": "disk-full", "size": size, "acknowledged": len(acked), "acknowledged_lost": lost,
+                "rows_after_reopen": count, "error_type": type(error).__name__ if error else None,
+                "error": str(error)[:300] if error else None,
+                "clear_error": isinstance(error, TieredRecallError), "after_error_ok": after_error_ok}
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("which", choices=["sidecar-kills", "client-kills", "ingest-kills", "disk-full", "all"])
+    ap.add_argument("--kills", type=int, default=25)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tr-faults-") as tmp:
+        tmp = Path(tmp)
+        if args.which in ("sidecar-kills", "all"):
+            print(json.dumps(sidecar_kills(tmp / "kills", kills=args.kills, workers=args.workers, seed=args.seed)), flush=True)
+        if args.which in ("client-kills", "all"):
+            print(json.dumps(client_kills(kills=args.kills, seed=args.seed)), flush=True)
+        if args.which in ("ingest-kills", "all"):
+            print(json.dumps(ingest_kills(tmp, kills=max(1, args.kills // 5), turns=args.turns, seed=args.seed)), flush=True)
+        if args.which in ("disk-full", "all"):
+            print(json.dumps(disk_full(tmp / "mnt")), flush=True)
+
+
+if __name__ == "__main__":
+    main()
