@@ -249,3 +249,27 @@ def test_sidecar_exits_after_its_last_client_dies(tmp_path):
     assert not pid_alive(pid), "the orphaned sidecar is still running"
     assert not path.exists()
     del name
+
+
+def _bag_of_words(texts):
+    """A tiny deterministic embedder for tests: hashed bag of words."""
+    import zlib
+
+    out = np.zeros((len(texts), DIM), dtype=np.float32)
+    for row, text in enumerate(texts):
+        for word in text.lower().split():
+            out[row, zlib.crc32(word.encode()) % DIM] += 1.0
+    out[out.sum(axis=1) == 0, 0] = 1.0
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_hybrid_search_fuses_keywords_with_vectors(open_memory):
+    memory = open_memory(embedder=_bag_of_words, dim=None)
+    memory.add(["the francesinha in porto was great", "i adopted a cat named miso", "review moved to the 21st",
+                "porto wine tasting on friday"], namespace="h")
+    report = memory.search("francesinha", k=2, namespace="h", hybrid=True, explain=True)
+    assert report.rule == "hybrid"
+    assert report.hits[0].text == "the francesinha in porto was great"
+    assert all(h.tier == "cold" for h in report.hits)
+    with pytest.raises(InvalidInput, match="text query"):
+        memory.search(np.ones(DIM, dtype=np.float32), hybrid=True)

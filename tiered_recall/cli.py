@@ -116,6 +116,7 @@ def search(
     k: int = typer.Option(10, "-k", help="How many hits."),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Only this namespace."),
     where: Optional[str] = typer.Option(None, help="SQL filter, e.g. \"role = 'user'\"."),
+    hybrid: bool = typer.Option(False, "--hybrid", help="Fuse BM25 keyword ranking with the vector ranking."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     store: Path = typer.Option(Path("./storage"), help=STORE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
@@ -126,7 +127,7 @@ def search(
     try:
         with _open(store, device, embedder, hot_capacity) as memory:
             t0 = time.perf_counter()
-            hits = memory.search(query, k=k, namespace=namespace, where=where)
+            hits = memory.search(query, k=k, namespace=namespace, where=where, hybrid=hybrid)
             elapsed = (time.perf_counter() - t0) * 1e3
     except TieredRecallError as error:
         _fail(error)

@@ -83,7 +83,8 @@ class SearchReport:
 
     rule: "complete" (rule 1: the hot tier holds the whole namespace), "bound" (rule 2: no cold
     row can reach the top k), "threshold" (rule 3: hot k-th score >= confidence), "cold" (the
-    cold tier was searched and merged), or "no-hot" (no hot tier, or a where filter: cold only).
+    cold tier was searched and merged), "no-hot" (no hot tier, or a where filter: cold only), or
+    "hybrid" (BM25 fused with the vector ranking, by the cold tier).
     hot_kth: the hot k-th (final) score or None; cold_bound: the best score a cold-only row could
     reach (rule 2), None when not evaluated.
     """
@@ -824,7 +825,7 @@ class TieredMemory:
         return hot_rows == total_rows and not self._backlog
 
     def search(self, query: str | np.ndarray, *, k: int = 10, namespace: str | None = None,
-               where: str | None = None, explain: bool = False) -> list[Hit] | SearchReport:
+               where: str | None = None, hybrid: bool = False, explain: bool = False) -> list[Hit] | SearchReport:
         """The k best memories by cosine similarity (plus the store's Scoring, if any), best first
         (ties by id); each says its tier.
 
@@ -834,8 +835,13 @@ class TieredMemory:
         every memory of the namespace), "bound" (no cold-only row can reach the top k), and
         "threshold" (hot k-th score >= confidence; approximate). explain=True returns a
         SearchReport (hits, the rule that decided, scores behind it) instead of the hits.
+        hybrid=True (text queries only): BM25 over the memory texts fused with the vector ranking
+        (reciprocal-rank fusion) by the cold tier, which holds the text index; hits come in fused
+        order with their cosine scores, tier "cold", rule "hybrid"; the store's Scoring is not applied.
         """
         self._check_open()
+        if hybrid and not isinstance(query, str):
+            raise InvalidInput("hybrid=True needs a text query (BM25 ranks texts): pass the query text")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= 256:
             raise InvalidInput(f"k must be an int in 1..256, got {k!r}")
         if namespace is not None:
@@ -850,6 +856,16 @@ class TieredMemory:
         now_us = time.time_ns() // 1000
         hot_kth: float | None = None
         cold_bound: float | None = None
+        if hybrid:
+            with self._lock:
+                ids, scores = self.cold.search(q, k=k, namespace=namespace, where=where, text=query)
+                found = self._memories(int(i) for i in ids)
+            hits = [Hit(m.id, m.text, float(sc), "cold", m.namespace, m.session, m.role, m.created_at, m.metadata)
+                    for i, sc in zip(ids, scores) if (m := found.get(int(i))) is not None]
+            seconds = time.perf_counter() - t0
+            self._stats.record("cold", seconds)
+            self._rule_stats.record("hybrid", seconds)
+            return SearchReport(hits, "hybrid", "cold", None, None, seconds) if explain else hits
         with self._lock:
             self._tick += 1
             hot = self._ensure_hot()
