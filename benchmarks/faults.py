@@ -292,7 +292,8 @@ def write_conversations(path: Path, turns: int, seed: int = 0) -> Path:
 
 
 def _ingest_cmd(data: Path, store: Path, batch: int) -> list[str]:
-    return [sys.executable, "-m", "tiered_recall.cli", "ingest", str(data), "--store", str(store), "--device", "none",
+    # the installed console script: `python -m` from a checkout would import the source tree
+    return [str(Path(sys.executable).parent / "tiered-recall"), "ingest", str(data), "--store", str(store), "--device", "none",
             "--batch-size", str(batch), "--quiet", "--json", "--namespace", "chat-{conversation}"]
 
 

@@ -60,6 +60,14 @@ def gpu_guard(request: pytest.FixtureRequest) -> None:
             pytest.fail("GPU test but nvidia-smi sees no GPU")
 
 
+@pytest.fixture(autouse=True)
+def away_from_the_checkout(tmp_path, monkeypatch) -> None:
+    """Every test (and every child interpreter it starts) runs in its own empty folder: from the
+    repository root, `python -c` / `-m` would import the source tree, which lacks the installed
+    pieces (tiered_recall.storage is mapped in from storage/, the native binaries are built)."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def segment_name() -> str:
     name = f"t-{uuid.uuid4().hex[:12]}"
