@@ -177,12 +177,14 @@ class Bm25Index:
         return ids[order].astype(np.int64), total[order].astype(np.float32)
 
 
-def rrf_fuse(rankings: Sequence[np.ndarray], k: int, *, c: float = 60.0) -> tuple[np.ndarray, np.ndarray]:
-    """Reciprocal-rank fusion: sum over rankings of 1 / (c + rank), rank from 1; best first, ties by smaller id."""
+def rrf_fuse(rankings: Sequence[np.ndarray], k: int, *, c: float = 60.0,
+             weights: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion: sum over rankings of w / (c + rank), rank from 1; best first, ties by smaller id."""
     fused: dict[int, float] = {}
-    for ranking in rankings:
+    for index, ranking in enumerate(rankings):
+        weight = 1.0 if weights is None else float(weights[index])
         for rank, row_id in enumerate(np.asarray(ranking).tolist(), start=1):
-            fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (c + rank)
+            fused[row_id] = fused.get(row_id, 0.0) + weight / (c + rank)
     if not fused:
         return np.empty(0, np.int64), np.empty(0, np.float32)
     ids = np.fromiter(fused.keys(), np.int64, count=len(fused))

@@ -30,6 +30,9 @@ FAISS_FOLDER = "faiss_index"
 # A filtered search over at most this many rows is answered exactly (a gather of their vectors) instead of by FAISS.
 _EXACT_SUBSET_MAX = 4096
 _RRF_DEPTH = 100  # rows taken from each ranking before reciprocal-rank fusion
+# Weight of the BM25 ranking against the vector ranking in reciprocal-rank fusion (see the
+# LoCoMo figures in benchmarks/locomo_recall.py: short chat turns favour keywords).
+HYBRID_BM25_WEIGHT = 1.0
 
 
 def _lancedb():
@@ -47,6 +50,11 @@ def _looks_like_bad_filter(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(word in text for word in ("sql", "parse", "no field", "not found in schema", "schema error",
                                          "invalid user input", "column", "expected", "unsupported"))
+
+
+def _keyword_texts(roles: list, texts: list) -> list[str]:
+    """What BM25 indexes: the speaker (role) with the text, since questions name who said things."""
+    return [text if not role else f"{role} {text}" for role, text in zip(roles, texts)]
 
 
 class ColdStore:
@@ -371,7 +379,7 @@ class ColdStore:
             self._after_own_write_locked(result.version, lambda m: m.upsert(ids, vectors, namespaces, created))
             self._row_estimate = self._row_estimate + n if self._mirror is None else self._mirror.live_rows
             if self._bm25 is not None:
-                self._bm25.upsert(ids.tolist(), namespaces, texts)
+                self._bm25.upsert(ids.tolist(), namespaces, _keyword_texts(roles, texts))
         if self._maintenance is not None:
             self._maintenance.note_writes()
 
@@ -487,7 +495,7 @@ class ColdStore:
         vec_ids, vec_scores = self._vector_search_locked(query, depth, namespace, where, excluded)
         only = None if where is None else self._matching_ids(namespace, where)
         bm_ids, _ = self._bm25_locked().search(text, depth, namespace=namespace, only_ids=only, exclude_ids=excluded)
-        ids, _ = rrf_fuse([vec_ids, bm_ids], k)
+        ids, _ = rrf_fuse([vec_ids, bm_ids], k, weights=(1.0, HYBRID_BM25_WEIGHT))
         known = dict(zip(vec_ids.tolist(), vec_scores.tolist()))
         missing = np.array([i for i in ids.tolist() if i not in known], np.int64)
         if missing.size:
@@ -501,10 +509,11 @@ class ColdStore:
 
     def _bm25_locked(self) -> Bm25Index:
         if self._bm25 is None:
-            data = self._guard("load texts for BM25", lambda: self._table.search().select(["id", "namespace", "text"])
-                               .limit(None).to_arrow())
+            data = self._guard("load texts for BM25", lambda: self._table.search()
+                               .select(["id", "namespace", "role", "text"]).limit(None).to_arrow())
             bm25 = Bm25Index()
-            bm25.upsert(data.column("id").to_pylist(), data.column("namespace").to_pylist(), data.column("text").to_pylist())
+            bm25.upsert(data.column("id").to_pylist(), data.column("namespace").to_pylist(),
+                        _keyword_texts(data.column("role").to_pylist(), data.column("text").to_pylist()))
             self._bm25 = bm25
         return self._bm25
 
