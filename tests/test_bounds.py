@@ -204,7 +204,7 @@ def test_another_writer_makes_the_bound_rule_wait_for_a_resync(open_memory, tmp_
     assert report.rule != "bound"
 
 
-@pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo development split not found under /work/shared/data/locomo")
+@pytest.mark.skipif(not LOCOMO.exists(), reason=f"LoCoMo development split not found at {LOCOMO}")
 def test_bound_rule_never_changes_an_answer_on_locomo(open_memory):
     from tiered_recall.embedders import WordLlamaEmbedder
 
