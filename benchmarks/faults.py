@@ -323,7 +323,6 @@ def ingest_kills(workdir: Path, *, kills: int, turns: int = 600, batch: int = 25
         ingest_s = float(json.loads(out.stdout[out.stdout.index("{"):])["elapsed_s"])
     except (ValueError, KeyError):
         ingest_s = clean_s / 2
-    startup_s = max(0.0, clean_s - ingest_s)
     killed_at = []
     for _ in range(kills):
         def files() -> int:

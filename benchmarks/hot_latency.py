@@ -67,9 +67,10 @@ def run_cpu(args) -> dict:
         results["empty_search"] = empty
         results["ping"] = ping
         loaded = 0
+        x = np.empty((0, args.dim), dtype=np.float32)
         for rows in sorted(args.rows):
             x_new = unit_rows(rng, rows - loaded, args.dim)
-            x = x_new if loaded == 0 else np.concatenate([x, x_new])
+            x = np.concatenate([x, x_new])
             hot.upsert(np.arange(loaded, rows), x_new, 1)
             loaded = rows
             side = percentiles(time_calls(lambda q: hot.search(q, k=args.k), queries, args.warmup))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 
@@ -93,3 +94,32 @@ def start(segment_name: str):
     for proc, hot in started:
         hot.close()
         proc.stop()
+
+
+@pytest.fixture
+def open_memory(tmp_path, request):
+    """open_memory(path=None, **kw) -> TieredMemory over a fresh folder (raw vectors of the test
+    module's DIM, CPU hot tier, short orphan grace); every sidecar it started is stopped after."""
+    from tiered_recall import TieredMemory
+
+    opened = []
+
+    def _open(path=None, **kwargs):
+        kwargs.setdefault("dim", request.module.DIM)
+        kwargs.setdefault("embedder", None)
+        kwargs.setdefault("device", "cpu")
+        kwargs.setdefault("orphan_grace_s", 2.0)
+        memory = TieredMemory(path or tmp_path / f"store{len(opened)}", **kwargs)
+        opened.append(memory)
+        return memory
+
+    yield _open
+    for memory in opened:
+        name = memory.sidecar_name
+        memory.close()
+        if sc.segment_path(name).exists():
+            try:
+                with sc.HotTier.attach(name) as hot:
+                    os.kill(hot.owner_pid, signal.SIGTERM)
+            except Exception:
+                pass

@@ -4,9 +4,7 @@ the fix, and writes nothing."""
 from __future__ import annotations
 
 import math
-import os
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest

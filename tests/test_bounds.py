@@ -2,17 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tiered_recall import TieredMemory
 from tiered_recall.bounds import BoundIndex, NamespaceBound, cone_bounds, spherical_kmeans
 from tiered_recall.scoring import Scoring
-from tiered_recall.sidecar import HotTier, segment_path
 
 DIM = 24
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
@@ -29,29 +25,6 @@ def clustered(rng, n, centers, spread=0.25):
     return unit(centers[which] + spread * rng.standard_normal((n, centers.shape[1])) / np.sqrt(centers.shape[1]))
 
 
-@pytest.fixture
-def open_memory(tmp_path):
-    opened: list[TieredMemory] = []
-
-    def _open(path=None, **kwargs):
-        kwargs.setdefault("dim", DIM)
-        kwargs.setdefault("embedder", None)
-        kwargs.setdefault("device", "cpu")
-        kwargs.setdefault("orphan_grace_s", 2.0)
-        memory = TieredMemory(path or tmp_path / "store", **kwargs)
-        opened.append(memory)
-        return memory
-
-    yield _open
-    for memory in opened:
-        name = memory.sidecar_name
-        memory.close()
-        if segment_path(name).exists():
-            try:
-                with HotTier.attach(name) as hot:
-                    os.kill(hot.owner_pid, signal.SIGTERM)
-            except Exception:
-                pass
 
 
 def test_cluster_bound_is_an_upper_bound_and_no_looser_than_centroid_plus_radius():

@@ -3,7 +3,6 @@ repair of stale/corrupt files, killed writers and concurrent writer processes.""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

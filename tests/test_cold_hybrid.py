@@ -110,7 +110,6 @@ def test_hybrid_search_fuses_bm25_with_vectors_and_returns_exact_cosine(tmp_path
 
 
 def test_hybrid_sees_other_processes_writes(tmp_path):
-    import json
     import subprocess
     import sys
     import textwrap

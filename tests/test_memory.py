@@ -26,32 +26,6 @@ def sidecar_pid(memory: TieredMemory) -> int:
         return hot.owner_pid
 
 
-@pytest.fixture
-def open_memory(tmp_path):
-    """open_memory(**kw) -> TieredMemory over a fresh folder (raw vectors, CPU hot tier); sidecars stopped after."""
-    opened: list[TieredMemory] = []
-
-    def _open(path=None, **kwargs):
-        kwargs.setdefault("dim", DIM)
-        kwargs.setdefault("embedder", None)
-        kwargs.setdefault("device", "cpu")
-        kwargs.setdefault("orphan_grace_s", 2.0)
-        memory = TieredMemory(path or tmp_path / "store", **kwargs)
-        opened.append(memory)
-        return memory
-
-    yield _open
-    for memory in opened:
-        name = memory.sidecar_name
-        memory.close()
-        path = segment_path(name)
-        if path.exists():
-            try:
-                with HotTier.attach(name) as hot:
-                    pid = hot.owner_pid
-                os.kill(pid, signal.SIGTERM)
-            except Exception:
-                pass
 
 
 def exact(vectors: dict[int, np.ndarray], namespaces: dict[int, str], q: np.ndarray, k: int, namespace=None):

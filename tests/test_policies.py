@@ -1,18 +1,15 @@
 """Placement policies (LRU, LFU with ageing, recency window, pinning), capacity in bytes, rules recorded, scoring."""
 from __future__ import annotations
 
-import os
-import signal
 import time
 from datetime import datetime, timezone
 
 import numpy as np
 import pytest
 
-from tiered_recall import InvalidInput, TieredMemory
+from tiered_recall import InvalidInput
 from tiered_recall.policies import LFU, LRU, HotSet, RecencyWindow, resolve_policy
 from tiered_recall.scoring import Boost, Scoring
-from tiered_recall.sidecar import HotTier, segment_path
 
 DIM = 16
 
@@ -22,29 +19,6 @@ def unit_rows(rng, n):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-@pytest.fixture
-def open_memory(tmp_path):
-    opened: list[TieredMemory] = []
-
-    def _open(path=None, **kwargs):
-        kwargs.setdefault("dim", DIM)
-        kwargs.setdefault("embedder", None)
-        kwargs.setdefault("device", "cpu")
-        kwargs.setdefault("orphan_grace_s", 2.0)
-        memory = TieredMemory(path or tmp_path / f"store{len(opened)}", **kwargs)
-        opened.append(memory)
-        return memory
-
-    yield _open
-    for memory in opened:
-        name = memory.sidecar_name
-        memory.close()
-        if segment_path(name).exists():
-            try:
-                with HotTier.attach(name) as hot:
-                    os.kill(hot.owner_pid, signal.SIGTERM)
-            except Exception:
-                pass
 
 
 def hot_ids(memory, ids):
