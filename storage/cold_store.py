@@ -52,6 +52,17 @@ def _looks_like_bad_filter(exc: BaseException) -> bool:
                                          "invalid user input", "column", "expected", "unsupported"))
 
 
+def _storage_message(what: str, path: str, exc: BaseException) -> str:
+    """The failure, led by the fix where the cause is known (nothing of the failed write was kept)."""
+    detail = f"failed to {what} at {path}: {type(exc).__name__}: {exc}"
+    lowered = str(exc).lower()
+    if "no space left" in lowered or "os error 28" in lowered:
+        return f"cold tier: the disk is full: free space or move the store (nothing of this write was kept); {detail}"
+    if "permission denied" in lowered or "os error 13" in lowered:
+        return f"cold tier: this user cannot write the store: fix the folder's owner or permissions; {detail}"
+    return f"cold tier: {detail}"
+
+
 def _keyword_texts(roles: list, texts: list) -> list[str]:
     """What BM25 indexes: the speaker (role) with the text, since questions name who said things."""
     return [text if not role else f"{role} {text}" for role, text in zip(roles, texts)]
@@ -195,7 +206,7 @@ class ColdStore:
         except TieredRecallError:
             raise
         except Exception as exc:  # LanceDB raises OSError, RuntimeError, ValueError, ... for storage failures
-            raise StorageError(f"cold tier: failed to {what} at {self._path}: {type(exc).__name__}: {exc}") from exc
+            raise StorageError(_storage_message(what, self._path, exc)) from exc
 
     def _commit(self, what: str, fn: Callable[[], T]) -> T:
         """A write that may race with compaction or another process: retry on commit conflicts (writes are idempotent)."""
@@ -208,7 +219,7 @@ class ColdStore:
                 if attempt + 1 < _COMMIT_RETRIES and _is_conflict(exc):
                     time.sleep(0.01 * (attempt + 1))
                     continue
-                raise StorageError(f"cold tier: failed to {what} at {self._path}: {type(exc).__name__}: {exc}") from exc
+                raise StorageError(_storage_message(what, self._path, exc)) from exc
         raise AssertionError("unreachable")
 
     def _check_open(self) -> None:
