@@ -72,7 +72,7 @@ def main() -> int:
             bad += len(errs)
         hot.close()
         code = proc.popen.wait(timeout=600)
-        print(f"dim {dim} {dtype}: sidecar exited with {code}")
+        print(f"dim {dim} {dtype}: sidecar pid {proc.popen.pid} exited with {code}")
         bad += code != 0
     print("workload", "FAILED" if bad else "ok")
     return 1 if bad else 0

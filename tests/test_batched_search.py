@@ -149,3 +149,90 @@ def test_concurrent_clients_cuda(monkeypatch, dim, n, mma):
     finally:
         hot.close()
         proc.stop()
+
+
+WRITER = textwrap.dedent(r"""
+    import json, sys
+    import numpy as np
+    from tiered_recall.sidecar import HotTier
+
+    name, dim, n, seed, iters = sys.argv[1:6]
+    dim, n, seed, iters = int(dim), int(n), int(seed), int(iters)
+    NS = np.array(json.loads(sys.argv[6]), dtype=np.uint64)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = np.arange(n, dtype=np.int64) * 3 + 5
+    ns = NS[rng.integers(0, len(NS), size=n)]
+    hot = HotTier.attach(name, timeout_s=60)
+    wrng = np.random.default_rng(seed + 99)
+    for it in range(iters):
+        sel = np.sort(wrng.choice(n, size=64, replace=False))
+        hot.upsert(ids[sel], x[sel], ns[sel])  # the same rows again: answers must not change
+        hot.ping()
+    hot.close()
+    print("writer done")
+""")
+
+
+def run_with_writer(name: str, *, dim: int, n: int, seed: int, dtype: str, clients: int, rounds: int,
+                    iters: int) -> None:
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, name, str(dim), str(n), str(seed), str(iters),
+                               json.dumps(NS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run_clients(name, dim=dim, n=n, seed=seed, dtype=dtype, clients=clients, rounds=rounds)
+    finally:
+        out, err = writer.communicate(timeout=600)
+    assert writer.returncode == 0, err[-2000:]
+
+
+def test_searches_interleaved_with_writes_cpu_batched(monkeypatch):
+    """Searches gathered for a batch (or in flight) while upserts and pings arrive in the same ring
+    pass: the upsert must not clobber the gathered queries, and every answer stays exact."""
+    monkeypatch.setenv("TR_SERVER_BATCH", "1")
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    dim, n = 64, 3000
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f32", backend="cpu")
+    hot = HotTier.attach(name)
+    try:
+        load(hot, dim=dim, n=n, seed=13)
+        run_with_writer(name, dim=dim, n=n, seed=13, dtype="f32", clients=6, rounds=25, iters=150)
+        assert hot.stats().get("errors", 0) == 0
+    finally:
+        hot.close()
+        proc.stop()
+
+
+@pytest.mark.gpu
+def test_searches_interleaved_with_writes_cuda(monkeypatch):
+    """The pipelined CUDA path (a batch in flight while the next is gathered) with writes arriving:
+    writes wait for the batch in flight, answers are written in place into the slots."""
+    monkeypatch.setenv("TR_CUDA_POISON", "1")
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    dim, n = 768, 50_000
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda")
+    hot = HotTier.attach(name)
+    try:
+        load(hot, dim=dim, n=n, seed=17)
+        run_with_writer(name, dim=dim, n=n, seed=17, dtype="f16", clients=12, rounds=30, iters=200)
+        assert hot.stats().get("errors", 0) == 0
+    finally:
+        hot.close()
+        proc.stop()
+
+
+@pytest.mark.gpu
+def test_cuda_without_zero_copy(monkeypatch):
+    """TR_CUDA_ZERO_COPY=0: results go through the pinned buffer and are copied into the slots."""
+    monkeypatch.setenv("TR_CUDA_POISON", "1")
+    monkeypatch.setenv("TR_CUDA_ZERO_COPY", "0")
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    dim, n = 384, 20_000
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda")
+    hot = HotTier.attach(name)
+    try:
+        load(hot, dim=dim, n=n, seed=19)
+        run_clients(name, dim=dim, n=n, seed=19, dtype="f16", clients=8, rounds=20)
+    finally:
+        hot.close()
+        proc.stop()

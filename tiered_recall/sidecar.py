@@ -31,6 +31,10 @@ from .errors import (
 SHM_DIR = Path("/dev/shm")
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_SPIN_US = 50.0
+# A CUDA sidecar answers a search in ~20-150 us (launch, scan, completion), so a client that sleeps
+# after 50 us pays a futex wake (server side, per slot) plus its own wake-up latency on nearly every
+# search. Against a CUDA segment the default spin is longer; an explicit spin_us always wins.
+DEFAULT_CUDA_SPIN_US = 300.0
 
 _NS_DTYPE = np.dtype([("ns_hash", "<u8"), ("hot_rows", "<u8"), ("total_rows", "<u8"), ("_r", "<u8")])
 _DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_F16: "f16"}
@@ -95,11 +99,11 @@ class HotTier:
     """
 
     def __init__(self, name: str, *, dim: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 spin_us: float = DEFAULT_SPIN_US) -> None:
+                 spin_us: float | None = None) -> None:
         self.name = validate_name(name)
         self.timeout_s = float(timeout_s)
         self._timeout_ns = int(self.timeout_s * 1e9)
-        self._spin_ns = int(spin_us * 1e3)
+        self._spin_ns = int((DEFAULT_SPIN_US if spin_us is None else spin_us) * 1e3)
         self._lib = client_library()
         self._search_fn = self._lib.tr_client_search
         self._tls = threading.local()
@@ -148,6 +152,8 @@ class HotTier:
         self.capacity = int(h.capacity)
         self.dtype = _DTYPE_NAMES.get(h.dtype, str(h.dtype))
         self.backend = _BACKEND_NAMES.get(h.backend, str(h.backend))
+        if spin_us is None and int(h.backend) == L.BACKEND_CUDA:
+            self._spin_ns = int(DEFAULT_CUDA_SPIN_US * 1e3)  # see DEFAULT_CUDA_SPIN_US
         self.max_k = int(h.max_k)
         self.max_upsert_rows = int(h.max_upsert_rows)
         self.max_search_queries = int(h.max_search_queries)
@@ -159,7 +165,7 @@ class HotTier:
 
     @classmethod
     def attach(cls, name: str, *, dim: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-               spin_us: float = DEFAULT_SPIN_US) -> "HotTier":
+               spin_us: float | None = None) -> "HotTier":
         return cls(name, dim=dim, timeout_s=timeout_s, spin_us=spin_us)
 
     # ---- plumbing ----

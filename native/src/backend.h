@@ -25,15 +25,17 @@ typedef struct tr_backend_config {
  * holds which id; backends only write, move and scan rows. Vectors arrive as unit-normalised
  * float32; the backend converts to its dtype. Every call returns 0 or a negative tr_status,
  * with a message in err (errlen bytes) on failure. */
-/* One SEARCH request of a batch (search_many): queries are validated and unit-normalised. */
+/* One SEARCH request of a batch (search_many): queries are validated and unit-normalised. The
+ * server points ids_out/scores_out at the request's result area inside the shared segment
+ * (cfg->segment), so a backend that registered the segment may write the results there directly. */
 typedef struct tr_search_request {
-    const float *queries; /* count x dim float32 */
+    const float *queries; /* count x dim float32; read only until search_many/search_submit returns */
     uint32_t count;
     uint32_t k;
     int filter_ns;
     uint64_t ns_hash;
-    int64_t *ids_out;     /* count x k */
-    float *scores_out;    /* count x k */
+    int64_t *ids_out;     /* count x k (usually inside the segment) */
+    float *scores_out;    /* count x k (usually inside the segment) */
     uint32_t hits;        /* out: as search()'s *hits */
     int status;           /* out: 0 or a negative tr_status (then err holds the message) */
 } tr_search_request;
@@ -58,6 +60,15 @@ typedef struct tr_backend_ops {
      * one pass over the rows. Returns 0 when each request's own status says how it went, or a
      * negative tr_status that fails all of them. */
     int (*search_many)(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen);
+    /* Optional asynchronous search_many (both or neither). search_submit starts answering n requests
+     * and returns once their queries have been consumed (the caller may reuse the query memory);
+     * reqs must stay valid, and the caller makes no other backend call, until search_poll has
+     * reported the batch done. At most one batch is outstanding. search_poll returns 1 while the
+     * batch runs (block = 0), 0 once every request's results, hits and status are in place (also
+     * when nothing is outstanding), or a negative tr_status that fails the whole batch. A negative
+     * return from search_submit fails the whole batch and leaves nothing outstanding. */
+    int (*search_submit)(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen);
+    int (*search_poll)(void *self, int block, char *err, size_t errlen);
 } tr_backend_ops;
 
 extern const tr_backend_ops tr_cpu_backend;

@@ -401,6 +401,8 @@ static_assert(TR_BQ_MCB - 2048 >= TR_BQ_MAX_K, "merge flush must leave room for 
 
 struct BatchQuery {
     unsigned long long ns_hash;
+    long long *oid;           /* where the k ids go: the slot's result area (registered segment) */
+    float *osc;               /* or the pinned mapped result buffer; same for the k scores */
     unsigned k;
     int filter;
 };
@@ -413,12 +415,10 @@ struct BatchParams {
     float *part_s;            /* [TR_BQ_MAX][grid][TR_BQ_MAX_K] */
     long long *part_id;
     unsigned *part_n;         /* [TR_BQ_MAX][grid] */
-    long long *out_ids;       /* mapped host memory, query i at i * out_stride */
-    float *out_s;
-    unsigned *out_hits;       /* query i at i */
+    unsigned *out_hits;       /* mapped host memory, query i at i */
     unsigned long long rows;
     unsigned long long rows_per_block;
-    unsigned nvec, nchunk, qstride, nq, out_stride, any_filter;
+    unsigned nvec, nchunk, qstride, nq, any_filter;
     BatchQuery bq[TR_BQ_MAX];
 };
 
@@ -646,8 +646,8 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
     }
     if (warp == 0) {
         const unsigned m = warp_select(ms, mid, mcnt, k);
-        long long *oi = p.out_ids + (size_t)qi * p.out_stride;
-        float *os = p.out_s + (size_t)qi * p.out_stride;
+        long long *oi = p.bq[qi].oid;
+        float *os = p.bq[qi].osc;
         for (unsigned j = lane; j < k; j += 32) {
             const bool have = j < m;
             oi[j] = have ? mid[j] : -1;
@@ -698,6 +698,17 @@ typedef struct cuda_backend {
     uint4 *hq16;           /* pinned f16 queries */
     uint4 *dq;             /* their device copy */
     uint32_t bq_cap;       /* queries */
+    /* the shared-memory segment, registered (mapped) so kernels write results into the slots */
+    unsigned char *seg_host;
+    unsigned char *seg_dev;
+    uint64_t seg_bytes;
+    int seg_registered;
+    /* the batch in flight (search_submit .. search_poll) */
+    cudaEvent_t batch_done;
+    int pending;
+    int pending_copy;      /* some results went to the pinned buffer: copy them out when done */
+    tr_search_request *preqs;
+    uint32_t pn;
 } cuda_backend;
 
 static void cuda_destroy(void *self);
@@ -752,6 +763,35 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
     if (b->grid_max > TR_CUDA_MAX_GRID) b->grid_max = TR_CUDA_MAX_GRID;
     CREATE_TRY(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
     CREATE_TRY(cudaEventCreateWithFlags(&b->stage_free, cudaEventDisableTiming));
+    CREATE_TRY(cudaEventCreateWithFlags(&b->batch_done, cudaEventDisableTiming));
+    /* Zero-copy results: register the segment once (mapped) so the merge kernel writes each
+     * query's ids and scores straight into its slot; the host then only publishes DONE.
+     * TR_CUDA_ZERO_COPY=0 turns it off; a failed registration falls back to the pinned buffer. */
+    {
+        const char *zc = getenv("TR_CUDA_ZERO_COPY");
+        if (cfg->segment && cfg->segment_bytes && !(zc && zc[0] == '0')) {
+            if (cudaHostRegister(cfg->segment, cfg->segment_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable) ==
+                cudaSuccess) {
+                void *dev = NULL;
+                if (cudaHostGetDevicePointer(&dev, cfg->segment, 0) == cudaSuccess) {
+                    b->seg_host = (unsigned char *)cfg->segment;
+                    b->seg_dev = (unsigned char *)dev;
+                    b->seg_bytes = cfg->segment_bytes;
+                    b->seg_registered = 1;
+                } else {
+                    cudaGetLastError();
+                    cudaHostUnregister(cfg->segment);
+                }
+            } else {
+                cudaError_t re = cudaGetLastError();
+                fprintf(stderr, "tr-sidecar: cuda: cannot register the segment (%s): results go through a "
+                        "pinned buffer\n", cudaGetErrorString(re));
+            }
+        }
+        const char *v = getenv("TR_CUDA_VERBOSE");
+        if (v && v[0] == '1')
+            fprintf(stderr, "tr-sidecar: cuda: zero-copy results %s\n", b->seg_registered ? "on" : "off");
+    }
     size_t cap = cfg->capacity ? cfg->capacity : 1;
     e = cudaMalloc(&b->X, cap * b->nvec * sizeof(uint4));
     if (e != cudaSuccess) {
@@ -800,6 +840,8 @@ static void cuda_destroy(void *self) {
     cuda_backend *b = (cuda_backend *)self;
     if (!b) return;
     if (b->stream) cudaStreamSynchronize(b->stream);
+    if (b->seg_registered) cudaHostUnregister(b->seg_host);
+    if (b->batch_done) cudaEventDestroy(b->batch_done);
     cudaFree(b->X); cudaFree(b->ids); cudaFree(b->ns);
     cudaFree(b->part_s); cudaFree(b->part_id); cudaFree(b->part_n); cudaFree(b->done);
     cudaFree(b->bpart_s); cudaFree(b->bpart_id); cudaFree(b->bpart_n); cudaFree(b->dq);
@@ -1073,8 +1115,22 @@ static cudaError_t launch_batch(cuda_backend *b, const BatchParams &p, unsigned 
     return cudaGetLastError();
 }
 
-static int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen) {
+/* Device pointer for host memory inside the registered segment, or NULL. */
+static void *seg_device_ptr(const cuda_backend *b, const void *host, size_t bytes) {
+    if (!b->seg_registered) return NULL;
+    const unsigned char *h = (const unsigned char *)host;
+    if (h < b->seg_host || h + bytes > b->seg_host + b->seg_bytes) return NULL;
+    return b->seg_dev + (h - b->seg_host);
+}
+
+static int cuda_search_poll(void *self, int block, char *err, size_t errlen);
+
+static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen) {
     cuda_backend *b = (cuda_backend *)self;
+    if (b->pending) { /* the server never does this; stay correct if a caller does */
+        int rc = cuda_search_poll(self, 1, err, errlen);
+        if (rc < 0) return rc;
+    }
     const bool mma = b->mma_ok && b->rows > 0 && b->rows < (1ull << 40);
     uint32_t total = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -1091,7 +1147,8 @@ static int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, cha
     if (rc) return rc;
     rc = ensure_batch_buffers(b, total, err, errlen);
     if (rc) return rc;
-    /* queries -> f16, padded to whole uint4 */
+    /* Queries -> f16, padded to whole uint4, then one copy (or kernel parameters): every scan block
+     * reads all queries, so reading them from host memory would cross PCIe once per block. */
     {
         uint32_t f = 0;
         for (uint32_t i = 0; i < n; i++) {
@@ -1108,6 +1165,12 @@ static int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, cha
         memset(b->hres_ids, 0x7f, (size_t)total * b->max_k * sizeof(long long));
         memset(b->hres_s, 0x7f, (size_t)total * b->max_k * sizeof(float));
         memset(b->hres_hits, 0x7f, (size_t)total * sizeof(unsigned));
+        for (uint32_t i = 0; i < n; i++) {
+            tr_search_request *r = &reqs[i];
+            if (r->k < 1 || r->k > TR_BQ_MAX_K) continue;
+            memset(r->ids_out, 0x7f, (size_t)r->count * r->k * sizeof(int64_t));
+            memset(r->scores_out, 0x7f, (size_t)r->count * r->k * sizeof(float));
+        }
     }
     uint64_t rpb = (b->rows + b->grid_max - 1) / b->grid_max;
     if (rpb < TR_BQ_ROUND) rpb = TR_BQ_ROUND;
@@ -1129,7 +1192,7 @@ static int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, cha
     p.nvec = b->nvec;
     p.nchunk = (b->nvec + 3) / 4;
     p.qstride = p.nchunk * 4 + 1;
-    p.out_stride = b->max_k;
+    b->pending_copy = 0;
     uint32_t ri = 0, rq = 0; /* request and query cursor */
     for (uint32_t f0 = 0; f0 < total; f0 += TR_BQ_MAX) {
         p.nq = total - f0 < TR_BQ_MAX ? total - f0 : TR_BQ_MAX;
@@ -1139,15 +1202,25 @@ static int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, cha
                 ri++;
                 rq = 0;
             }
-            p.bq[j].k = reqs[ri].k;
-            p.bq[j].filter = reqs[ri].filter_ns ? 1 : 0;
-            p.bq[j].ns_hash = reqs[ri].ns_hash;
+            const tr_search_request *r = &reqs[ri];
+            const uint32_t f = f0 + j;
+            p.bq[j].k = r->k;
+            p.bq[j].filter = r->filter_ns ? 1 : 0;
+            p.bq[j].ns_hash = r->ns_hash;
+            /* results in place when the slot lies in the registered segment */
+            long long *oid = (long long *)seg_device_ptr(b, r->ids_out + (size_t)rq * r->k, (size_t)r->k * 8);
+            float *osc = (float *)seg_device_ptr(b, r->scores_out + (size_t)rq * r->k, (size_t)r->k * 4);
+            if (!oid || !osc) {
+                oid = b->hres_ids_dev + (size_t)f * b->max_k;
+                osc = b->hres_s_dev + (size_t)f * b->max_k;
+                b->pending_copy = 1;
+            }
+            p.bq[j].oid = oid;
+            p.bq[j].osc = osc;
             p.any_filter |= (unsigned)p.bq[j].filter;
             rq++;
         }
         p.q = b->dq + (size_t)f0 * b->nvec;
-        p.out_ids = b->hres_ids_dev + (size_t)f0 * b->max_k;
-        p.out_s = b->hres_s_dev + (size_t)f0 * b->max_k;
         p.out_hits = b->hres_hits_dev + f0;
         const uint4 *qh = b->hq16 + (size_t)f0 * b->nvec;
         cudaError_t e;
@@ -1155,19 +1228,43 @@ static int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, cha
         else e = p.nq <= 8 ? launch_batch<1, 0>(b, p, grid, qh) : launch_batch<2, 0>(b, p, grid, qh);
         CUDA_TRY(e);
     }
-    CUDA_TRY(cudaStreamSynchronize(b->stream));
+    CUDA_TRY(cudaEventRecord(b->batch_done, b->stream));
+    b->pending = 1;
+    b->preqs = reqs;
+    b->pn = n;
+    return 0;
+}
+
+static int cuda_search_poll(void *self, int block, char *err, size_t errlen) {
+    cuda_backend *b = (cuda_backend *)self;
+    if (!b->pending) return 0;
+    cudaError_t e = block ? cudaEventSynchronize(b->batch_done) : cudaEventQuery(b->batch_done);
+    if (e == cudaErrorNotReady) return 1;
+    b->pending = 0;
+    CUDA_TRY(e);
+    tr_search_request *reqs = b->preqs;
     uint32_t f = 0;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < b->pn; i++) {
         tr_search_request *r = &reqs[i];
-        if (r->k < 1 || r->k > TR_BQ_MAX_K) continue;
+        if (r->k < 1 || r->k > TR_BQ_MAX_K) continue; /* answered at submit (per-query kernel) */
         for (uint32_t q = 0; q < r->count; q++, f++) {
-            memcpy(r->ids_out + (size_t)q * r->k, b->hres_ids + (size_t)f * b->max_k, (size_t)r->k * sizeof(int64_t));
-            memcpy(r->scores_out + (size_t)q * r->k, b->hres_s + (size_t)f * b->max_k, (size_t)r->k * sizeof(float));
+            if (b->pending_copy &&
+                !(seg_device_ptr(b, r->ids_out + (size_t)q * r->k, (size_t)r->k * 8) &&
+                  seg_device_ptr(b, r->scores_out + (size_t)q * r->k, (size_t)r->k * 4))) {
+                memcpy(r->ids_out + (size_t)q * r->k, b->hres_ids + (size_t)f * b->max_k, (size_t)r->k * sizeof(int64_t));
+                memcpy(r->scores_out + (size_t)q * r->k, b->hres_s + (size_t)f * b->max_k, (size_t)r->k * sizeof(float));
+            }
             r->hits = b->hres_hits[f];
         }
         r->status = 0;
     }
     return 0;
+}
+
+static int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen) {
+    int rc = cuda_search_submit(self, reqs, n, err, errlen);
+    if (rc) return rc;
+    return cuda_search_poll(self, 1, err, errlen);
 }
 
 extern "C" const tr_backend_ops tr_cuda_backend = {
@@ -1180,4 +1277,6 @@ extern "C" const tr_backend_ops tr_cuda_backend = {
     cuda_set_row_count,
     cuda_search,
     cuda_search_many,
+    cuda_search_submit,
+    cuda_search_poll,
 };

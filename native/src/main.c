@@ -198,9 +198,9 @@ int main(int argc, char **argv) {
                 seg.path, ops->name, (unsigned long long)dim, dtype == TR_DTYPE_F16 ? "f16" : "f32",
                 (unsigned long long)capacity, (unsigned long long)slots);
     tr_server_run(&server, &stop_requested);
-    tr_segment_destroy(&seg);
     tr_server_free(&server);
-    ops->destroy(backend);
+    ops->destroy(backend); /* before the segment goes: a CUDA backend unregisters it */
+    tr_segment_destroy(&seg);
     if (verbose) fprintf(stderr, "tr-sidecar: stopped\n");
     return 0;
 }

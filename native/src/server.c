@@ -22,11 +22,15 @@
 #define TR_BATCH_MAX 64
 struct search_batch {
     uint32_t n;
-    size_t queries, results; /* scratch used: query vectors, result entries */
+    size_t queries;          /* query scratch used (vectors) */
+    int sync_done;           /* answered synchronously (or failed at submit): nothing to poll */
+    int rc;                  /* non-zero: fails every request of the batch */
+    uint64_t t_submit;
     tr_slot *slot[TR_BATCH_MAX];
     uint64_t t0[TR_BATCH_MAX];
     uint32_t flags[TR_BATCH_MAX];
     tr_search_request req[TR_BATCH_MAX];
+    char err[TR_MESSAGE_BYTES];
 };
 typedef struct search_batch search_batch;
 
@@ -55,8 +59,13 @@ int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, voi
     }
     const char *force_batch = getenv("TR_SERVER_BATCH");
     if (ops->search_many || (force_batch && force_batch[0] == '1')) {
-        s->batch = calloc(1, sizeof(search_batch));
-        if (!s->batch) {
+        /* three batches rotate: gathering, in flight, and the finished one being published */
+        for (int i = 0; i < 3; i++) s->owned[i] = calloc(1, sizeof(search_batch));
+        s->batch = s->owned[0];
+        s->free_list[0] = s->owned[1];
+        s->free_list[1] = s->owned[2];
+        s->n_free = 2;
+        if (!s->owned[0] || !s->owned[1] || !s->owned[2]) {
             snprintf(err, errlen, "out of memory for the search batch");
             return -1;
         }
@@ -74,7 +83,7 @@ void tr_server_free(tr_server *s) {
     free(s->suspect_seq);
     free(s->suspect_sweeps);
     free(s->meta_scratch);
-    free(s->batch);
+    for (int i = 0; i < 3; i++) free(s->owned[i]);
 }
 
 static int reply_error(tr_slot *slot, int status, const char *fmt, ...) {
@@ -262,60 +271,106 @@ static void serve_slot(tr_server *s, tr_slot *slot) {
 
 /* Batched search (backends with search_many, e.g. CUDA): every SEARCH published when a pass over
  * the ring starts is checked and copied out as usual, then all of them are answered by one backend
- * call (one pass over the rows for all their queries); other requests are served in ring order. */
+ * call (one pass over the rows for all their queries); other requests are served in ring order,
+ * after every search gathered or in flight before them has been answered.
+ *
+ * Pipeline (backends with search_submit/search_poll): a gathered batch is launched and the loop
+ * goes on gathering the next one while the device works. When the batch in flight is done, the
+ * gathered one is launched first and only then is the finished one published (DONE, futex wakes,
+ * LRU touches), so the device is not idle while the host publishes. Results are written by the
+ * backend straight into each request's result area in the slot (tr_search_request.ids_out). */
 
-static void run_batch(tr_server *s, search_batch *b) {
-    if (!b->n) return;
-    tr_header *h = s->h;
-    const tr_header *g = &s->geo;
-    char err[TR_MESSAGE_BYTES];
-    err[0] = '\0';
+/* Launches the gathered batch; it becomes the batch in flight (s->flight). */
+static void submit_batch(tr_server *s) {
+    search_batch *b = s->batch;
+    b->rc = 0;
+    b->sync_done = 1;
+    b->err[0] = '\0';
     for (uint32_t i = 0; i < b->n; i++) b->req[i].status = TR_OK;
-    uint64_t t0 = tr_now_ns();
-    int rc = 0;
-    if (s->ops->search_many) {
-        rc = s->ops->search_many(s->backend, b->req, b->n, err, sizeof err);
+    b->t_submit = tr_now_ns();
+    if (s->ops->search_submit && s->ops->search_poll) {
+        b->rc = s->ops->search_submit(s->backend, b->req, b->n, b->err, sizeof b->err);
+        b->sync_done = b->rc != 0; /* a failed submit leaves nothing outstanding */
+    } else if (s->ops->search_many) {
+        b->rc = s->ops->search_many(s->backend, b->req, b->n, b->err, sizeof b->err);
     } else { /* TR_SERVER_BATCH=1 on a backend without search_many: same path, one call per request */
         for (uint32_t i = 0; i < b->n; i++) {
             tr_search_request *r = &b->req[i];
             r->status = s->ops->search(s->backend, r->queries, r->count, r->k, r->filter_ns, r->ns_hash,
-                                       r->ids_out, r->scores_out, &r->hits, err, sizeof err);
+                                       r->ids_out, r->scores_out, &r->hits, b->err, sizeof b->err);
         }
     }
-    uint64_t dt = tr_now_ns() - t0;
+    s->flight = b;
+    /* the queries were consumed: the scratch can take the next batch. At most the finished batch
+     * being published is in use besides this one, so a free batch is left. */
+    s->batch = s->free_list[--s->n_free];
+    s->batch->n = 0;
+    s->batch->queries = 0;
+}
+
+/* Publishes every answer of a finished batch and returns the batch to the spare position. */
+static void publish_batch(tr_server *s, search_batch *b) {
+    tr_header *h = s->h;
+    uint64_t dt = tr_now_ns() - b->t_submit;
     for (uint32_t i = 0; i < b->n; i++) {
         tr_slot *slot = b->slot[i];
         tr_search_request *r = &b->req[i];
-        int status = rc ? rc : r->status;
+        int status = b->rc ? b->rc : r->status;
         if (status == TR_OK) {
             record_latency(h, dt);
             h->searches++;
             h->queries += r->count;
-            unsigned char *out = tr_slot_payload(slot) + TR_SEARCH_RESULT_OFFSET(r->count, g->dim);
-            memcpy(out, r->ids_out, (size_t)r->count * r->k * sizeof(int64_t));
-            memcpy(out + (size_t)r->count * r->k * sizeof(int64_t), r->scores_out,
-                   (size_t)r->count * r->k * sizeof(float));
             if (!(b->flags[i] & TR_FLAG_NO_TOUCH)) {
-                for (uint32_t q = 0; q < r->count; q++)
-                    tr_store_touch_ids(&s->store, r->ids_out + (size_t)q * r->k, r->hits);
+                /* the ids are in the client's slot: take a private copy before using them */
+                for (uint32_t q = 0; q < r->count; q++) {
+                    uint32_t hits = r->hits < r->k ? r->hits : r->k;
+                    memcpy(s->id_scratch, r->ids_out + (size_t)q * r->k, (size_t)hits * sizeof(int64_t));
+                    tr_store_touch_ids(&s->store, s->id_scratch, hits);
+                }
             }
             slot->reply_count = r->hits;
         } else {
-            memcpy(slot->message, err, TR_MESSAGE_BYTES);
+            memcpy(slot->message, b->err, TR_MESSAGE_BYTES);
             slot->message[TR_MESSAGE_BYTES - 1] = '\0';
         }
         finish_slot(s, slot, status, b->t0[i]);
     }
     b->n = 0;
-    b->queries = b->results = 0;
+    b->queries = 0;
+    s->free_list[s->n_free++] = b;
+}
+
+/* Moves the pipeline on: when the batch in flight is done (block: wait for it), launches the
+ * gathered batch and then publishes the finished one; with nothing in flight, launches the
+ * gathered batch. Returns 1 while a batch is still in flight. */
+static int advance_batches(tr_server *s, int block) {
+    if (s->flight) {
+        search_batch *f = s->flight;
+        if (!f->sync_done) {
+            int rc = s->ops->search_poll(s->backend, block, f->err, sizeof f->err);
+            if (rc == 1) return 1;
+            if (rc < 0) f->rc = rc;
+        }
+        s->flight = NULL;
+        if (s->batch->n) submit_batch(s); /* the device starts on it while we publish f */
+        publish_batch(s, f);
+    } else if (s->batch->n) {
+        submit_batch(s);
+    }
+    return s->flight != NULL;
+}
+
+/* Answers everything gathered or in flight (before a non-search request, and before exiting). */
+static void drain_batches(tr_server *s) {
+    if (!s->batch) return;
+    while (advance_batches(s, 1) || s->batch->n) {
+    }
 }
 
 static int serve_ready_batched(tr_server *s) {
     const tr_header *g = &s->geo;
     const size_t query_cap = (size_t)(g->max_upsert_rows > g->max_search_queries ? g->max_upsert_rows
                                                                                    : g->max_search_queries);
-    const size_t result_cap = (size_t)g->max_search_queries * g->max_k;
-    search_batch *b = s->batch;
     int served = 0;
     for (uint32_t i = 0; i < g->slot_count; i++) {
         tr_slot *slot = tr_slot_at(s->seg->base, g, i);
@@ -324,6 +379,8 @@ static int serve_ready_batched(tr_server *s) {
         if (!tr_cas(&slot->state, &st, (uint32_t)TR_SLOT_BUSY)) continue;
         served++;
         if (slot->opcode != TR_OP_SEARCH) {
+            /* in ring order after the searches before it; also frees the query scratch */
+            drain_batches(s);
             serve_slot(s, slot);
             continue;
         }
@@ -334,15 +391,18 @@ static int serve_ready_batched(tr_server *s) {
         uint32_t flags = slot->flags, count = slot->count, k = slot->k;
         uint64_t ns_hash = slot->ns_hash;
         int rc = check_search(s, slot, flags, count, k);
-        if (rc == TR_OK && (b->n == TR_BATCH_MAX || b->queries + count > query_cap ||
-                            b->results + (size_t)count * k > result_cap))
-            run_batch(s, b); /* full: answer what is gathered, then start a new batch */
+        if (rc == TR_OK && (s->batch->n == TR_BATCH_MAX || s->batch->queries + count > query_cap)) {
+            /* full: launch what is gathered (after the batch in flight), then gather anew */
+            while (s->batch->n) advance_batches(s, 1);
+        }
+        search_batch *b = s->batch;
         float *q = s->query_scratch + b->queries * g->dim;
         if (rc == TR_OK) rc = take_vectors_to(s, slot, tr_slot_payload(slot), count, flags & TR_FLAG_NORMALIZE, q);
         if (rc != TR_OK) {
             finish_slot(s, slot, rc, t0);
             continue;
         }
+        unsigned char *out = tr_slot_payload(slot) + TR_SEARCH_RESULT_OFFSET(count, g->dim);
         tr_search_request *r = &b->req[b->n];
         memset(r, 0, sizeof *r);
         r->queries = q;
@@ -350,16 +410,15 @@ static int serve_ready_batched(tr_server *s) {
         r->k = k;
         r->filter_ns = (flags & TR_FLAG_NS_FILTER) != 0;
         r->ns_hash = ns_hash;
-        r->ids_out = s->id_scratch + b->results;
-        r->scores_out = s->score_scratch + b->results;
+        r->ids_out = (int64_t *)out;
+        r->scores_out = (float *)(out + (size_t)count * k * sizeof(int64_t));
         b->slot[b->n] = slot;
         b->t0[b->n] = t0;
         b->flags[b->n] = flags;
         b->n++;
         b->queries += count;
-        b->results += (size_t)count * k;
     }
-    run_batch(s, b);
+    advance_batches(s, 0);
     return served;
 }
 
@@ -423,6 +482,9 @@ static void sweep(tr_server *s, uint64_t now) {
 
 int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
     tr_header *h = s->h;
+    /* the orphan timer starts when clients can attach (backend start-up can be slow, e.g. under
+     * compute-sanitizer), not when the server was initialised */
+    s->last_client_seen_ns = tr_now_ns();
     tr_store_release(&h->state, (uint32_t)TR_SERVER_READY);
     if (s->opt.ready_fd >= 0) {
         char line[64];
@@ -441,10 +503,11 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
             last_sweep = now;
             if (s->opt.exit_when_orphaned_ns && now - s->last_client_seen_ns > s->opt.exit_when_orphaned_ns) {
                 if (s->opt.verbose) fprintf(stderr, "tr-sidecar: no client attached; exiting\n");
+                drain_batches(s);
                 return 0;
             }
         }
-        if (served) continue;
+        if (served || s->flight) continue; /* a batch in flight: keep polling it */
         if (now - last_request < s->opt.idle_spin_ns) {
             tr_cpu_relax();
             continue;
@@ -453,9 +516,10 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
          * server_sleeping and wakes us, or our scan below sees its request. */
         __atomic_store_n(&h->server_sleeping, 1, __ATOMIC_SEQ_CST);
         uint32_t bell = __atomic_load_n(&h->doorbell, __ATOMIC_SEQ_CST);
-        if (!serve_ready(s)) tr_futex_wait(&h->doorbell, bell, SWEEP_INTERVAL_NS);
+        if (!serve_ready(s) && !s->flight) tr_futex_wait(&h->doorbell, bell, SWEEP_INTERVAL_NS);
         else last_request = tr_now_ns();
         __atomic_store_n(&h->server_sleeping, 0, __ATOMIC_SEQ_CST);
     }
+    drain_batches(s); /* no client is left waiting on an answer that was computed */
     return 0;
 }

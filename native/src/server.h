@@ -31,7 +31,11 @@ typedef struct tr_server {
     uint32_t *suspect_seq;  /* per slot: seq seen with a dead owner at the last sweep */
     uint8_t *suspect_sweeps; /* per slot: consecutive sweeps it was seen so (0 = not suspect) */
     uint64_t last_client_seen_ns;
-    struct search_batch *batch; /* searches gathered for search_many (NULL: backend has none) */
+    struct search_batch *batch; /* searches being gathered for search_many (NULL: not batched) */
+    struct search_batch *flight; /* the batch submitted to the backend, not yet published (or NULL) */
+    struct search_batch *owned[3];     /* gathering, in flight, being published: all allocations */
+    struct search_batch *free_list[3]; /* the ones in none of those roles */
+    uint32_t n_free;
 } tr_server;
 
 int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, void *backend,
