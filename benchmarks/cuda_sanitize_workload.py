@@ -1,7 +1,7 @@
 """A small CUDA-sidecar workload for compute-sanitizer (memcheck, racecheck): writes, moves, searches.
 
-Run by benchmarks/gpu_session.sh with TIERED_RECALL_BIN_DIR pointing at a wrapper that starts
-tr-sidecar under compute-sanitizer. The sidecar exits by itself once this client detaches
+Run by benchmarks/gpu_sanitize.sh with TIERED_RECALL_SIDECAR_WRAPPER="compute-sanitizer --tool ..."
+so the sanitizer owns the sidecar process itself. The sidecar exits by itself once this client detaches
 (--exit-when-orphaned), so the sanitizer prints its summary. Exits non-zero on a wrong answer.
 """
 from __future__ import annotations

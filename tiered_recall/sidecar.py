@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes as C
 import mmap
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -447,6 +448,7 @@ class SidecarProcess:
         self.name = name
         self.popen = popen
         self.log_path = log_path
+        self.server_pid = popen.pid  # differs when a wrapper (TIERED_RECALL_SIDECAR_WRAPPER) runs it
 
     @property
     def pid(self) -> int:
@@ -464,7 +466,13 @@ class SidecarProcess:
     def stop(self, timeout_s: float = 5.0) -> int:
         """SIGTERM, then SIGKILL after timeout_s; removes the segment if the sidecar could not."""
         if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
+            if self.server_pid != self.popen.pid:  # under a wrapper: stop the sidecar, the wrapper follows
+                try:
+                    os.kill(self.server_pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    self.popen.send_signal(signal.SIGTERM)
+            else:
+                self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -564,8 +572,14 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
     log_fd, log_name = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
     if detach:
         return _start_detached(name, args, log_fd, Path(log_name), ready_timeout_s)
+    # A command prefix for tools that must own the sidecar process, e.g. compute-sanitizer:
+    # TIERED_RECALL_SIDECAR_WRAPPER="compute-sanitizer --tool memcheck". The sidecar is then a
+    # child of the wrapper, so readiness is taken from a segment created after this start.
+    wrapper = shlex.split(os.environ.get("TIERED_RECALL_SIDECAR_WRAPPER", ""))
+    started_ns = time.time_ns()
     try:
-        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, close_fds=True)
+        popen = subprocess.Popen(wrapper + args, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                                 close_fds=True)
     finally:
         os.close(log_fd)
     proc = SidecarProcess(name, popen, Path(log_name))
@@ -581,7 +595,9 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
                 raw = f.read(L.HEADER_BYTES)
             if len(raw) == L.HEADER_BYTES:
                 head = L.Header.from_buffer_copy(raw)
-                if head.owner_pid == popen.pid and head.state == L.SERVER_READY:
+                ours = head.owner_pid == popen.pid or (wrapper and head.started_ns >= started_ns)
+                if ours and head.state == L.SERVER_READY:
+                    proc.server_pid = int(head.owner_pid)
                     return proc
         except OSError:
             pass
