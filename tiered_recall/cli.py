@@ -202,10 +202,10 @@ def demo(
 
     folder = store or Path(tempfile.mkdtemp(prefix="tiered-recall-demo-"))
     queries = [
-        ("what should I avoid when booking activities on holiday?", None),
+        ("can we book a boat tour?", None),
         ("when are the slides due?", None),
         ("medication allergies", None),
-        ("who is our vet?", "demo"),
+        ("what paint colour for the living room?", "demo"),
     ]
     try:
         t0 = time.perf_counter()
