@@ -35,7 +35,9 @@ def main() -> None:
     side = SanitizedSidecar(args.build, f"fzl-{uuid.uuid4().hex[:10]}", log, dim=16, capacity=4000, slots=16)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    honest = [ctx.Process(target=honest_client, args=(side.name, w, args.seconds + 5, queue)) for w in range(args.honest)]
+    stop = ctx.Event()  # the fuzz run may end on its request count long before --seconds
+    honest = [ctx.Process(target=honest_client, args=(side.name, w, args.seconds + 5, queue, stop))
+              for w in range(args.honest)]
     for p in honest:
         p.start()
     time.sleep(1.0)
@@ -43,8 +45,7 @@ def main() -> None:
     main_run = run_fuzzer(args.build, side.name, "--requests", str(args.requests), "--seconds", str(args.seconds),
                           "--inflight", str(args.inflight), "--seed", str(args.seed), timeout=args.seconds + 120)
     fuzz_s = time.monotonic() - t0
-    for p in honest:
-        p.terminate() if p.is_alive() and time.monotonic() - t0 > args.seconds + 30 else None
+    stop.set()
     results = []
     for _ in honest:
         try:

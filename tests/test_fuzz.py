@@ -95,8 +95,9 @@ def sanitizer_reports(log: str) -> list[str]:
     return [line for line in log.splitlines() if any(m in line for m in SANITIZER_MARKERS)]
 
 
-def honest_client(name: str, worker: int, seconds: float, queue) -> None:
-    """Upserts its own rows in its own namespace and checks every search answer it gets."""
+def honest_client(name: str, worker: int, seconds: float, queue, stop=None) -> None:
+    """Upserts its own rows in its own namespace and checks every search answer it gets, for
+    `seconds` or until the `stop` event (multiprocessing.Event) is set."""
     try:
         rng = np.random.default_rng(1000 + worker)
         hot = HotTier.attach(name, timeout_s=20)
@@ -106,7 +107,7 @@ def honest_client(name: str, worker: int, seconds: float, queue) -> None:
         ns = int(rng.integers(1 << 40, 1 << 62))
         wrong, found, searches = [], 0, 0
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             hot.upsert(ids, x, ns)  # the fuzzer may evict or clear them: put them back every round
             for i in range(16):
                 res = hot.search(x[i], k=4, namespace_hash=ns)
