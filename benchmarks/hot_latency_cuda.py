@@ -161,8 +161,14 @@ def run(args) -> dict:
                     return r.ids[0], r.scores[0]
 
                 entry = {"rows": rows, "dim": dim, "load_s": load_s}
+                st0 = hot.stats()
                 for label, fn in (("sidecar", side_fn), ("torch", torch_fn), ("cupy", cupy_fn)):
                     entry[label] = stats(time_calls(fn, queries, args.warmup))
+                    if label == "sidecar":  # server-side time (backend submit -> published) of this loop only
+                        st1 = hot.stats()
+                        dn = st1["searches"] - st0["searches"]
+                        tot = (st1["search_mean_us"] or 0) * st1["searches"] - (st0["search_mean_us"] or 0) * st0["searches"]
+                        entry["sidecar_service_mean_us"] = tot / dn if dn else None
                 agree = np.mean([len(set(side_fn(q)[0].tolist()) & set(torch_fn(q)[0].tolist())) / k
                                  for q in queries[:50]])
                 floor_us = rows * dim * 2 / bw * 1e6
@@ -180,7 +186,8 @@ def run(args) -> dict:
                 results["sizes"].append(entry)
                 print(f"dim {dim:>4} rows {rows:>8}: sidecar p50 {s50:8.1f} p99 {entry['sidecar']['p99_us']:8.1f} | "
                       f"torch {entry['torch']['p50_us']:8.1f} | cupy {entry['cupy']['p50_us']:8.1f} | "
-                      f"floor {floor_us:7.1f} | agree {agree:.2f} | load {load_s:.1f}s", flush=True)
+                      f"floor {floor_us:7.1f} | agree {agree:.2f} | load {load_s:.1f}s | server-side mean "
+                      f"{entry['sidecar_service_mean_us'] or 0:.1f} us", flush=True)
                 if dim == args.qps_dim and rows == args.qps_rows:
                     for c in args.clients:
                         r = measure_qps(name, dim, k, c, args.qps_seconds)

@@ -386,8 +386,10 @@ __global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t d
  * lane (g = lane/4, t = lane%4) loads halves [8t, 8t+8) of each 32-half chunk of rows g and g+8
  * and the matching halves of query g; sums over k do not depend on the order.
  * Top-k per query per block: admit score >= threshold into a shared buffer (atomicAdd), and at
- * the end of a 128-row round select the best k in place (one warp per query). A second kernel
- * merges the blocks' lists per query (one block per query, pruned by the best block k-th score).
+ * the end of a 128-row round select the best k in place (one warp per query). The blocks' lists
+ * are then merged per query (pruned by the best block k-th score): for up to TR_BQ_FUSE_MAX
+ * queries by the last scan block to finish (one launch per pass: the single-request latency
+ * path); for more by a second kernel, one block per query, so the merges run in parallel.
  */
 #define TR_BQ_MAX 16     /* queries per pass (two n-tiles of 8) */
 #define TR_BQ_MAX_K 64   /* larger k goes through the per-query kernel */
@@ -396,6 +398,8 @@ __global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t d
 #define TR_BQ_UNROLL 8   /* 32-half chunks loaded before the mmas */
 #define TR_BQ_INLINE 128 /* uint4 of f16 queries that ride in the kernel parameters (2 KB) */
 #define TR_BQ_MCB 2304   /* merge buffer: one 2048-entry round + kept */
+#define TR_BQ_FUSE_MAX 2 /* up to this many queries per pass: the scan's last block merges (one launch);
+                          * more: a merge kernel, one block per query (TR_CUDA_FUSE_MAX overrides) */
 static_assert(TR_BQ_CB - TR_BQ_ROUND >= TR_BQ_MAX_K, "a flush must leave room for a round");
 static_assert(TR_BQ_MCB - 2048 >= TR_BQ_MAX_K, "merge flush must leave room for a round");
 
@@ -416,6 +420,7 @@ struct BatchParams {
     long long *part_id;
     unsigned *part_n;         /* [TR_BQ_MAX][grid] */
     unsigned *out_hits;       /* mapped host memory, query i at i */
+    unsigned *done;           /* fused merge: ticket counter, reset by the last block */
     unsigned long long rows;
     unsigned long long rows_per_block;
     unsigned nvec, nchunk, qstride, nq, any_filter;
@@ -473,7 +478,12 @@ __device__ unsigned warp_select(float *s, long long *id, unsigned n, unsigned k)
     return m;
 }
 
-template <int NT, int INL>
+__device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
+                            unsigned &mcnt, float &mthr, float *wmax);
+
+/* FUSE: the last block to finish (device-scope ticket in p.done, fences on both sides) merges
+ * every query's lists itself, so a small batch is one launch. */
+template <int NT, int INL, int FUSE>
 __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
 batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__ BatchInline<INL ? TR_BQ_INLINE : 1> qin) {
     constexpr unsigned QR = NT * 8;
@@ -582,17 +592,31 @@ batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__
         }
         if (lane == 0) p.part_n[(size_t)qi * G + blockIdx.x] = m;
     }
-}
-
-/* One block per query: merges the scan blocks' sorted lists (G of them) into the final top-k. */
-__global__ void __launch_bounds__(TR_CUDA_BLOCK)
-batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
-    __shared__ float ms[TR_BQ_MCB];
-    __shared__ long long mid[TR_BQ_MCB];
+    if (!FUSE) return;
+    __shared__ bool is_last;
     __shared__ unsigned mcnt;
     __shared__ float mthr;
     __shared__ float wmax[TR_CUDA_WARPS];
-    const unsigned qi = blockIdx.x, tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    __threadfence(); /* this block's lists are visible device-wide before its ticket */
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(p.done, 1u) == G - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence(); /* acquire: every other block's lists (fenced before their tickets) */
+    /* the scan's shared memory is free now: the merge buffer aliases it (batch_smem sizes it) */
+    long long *mid = reinterpret_cast<long long *>(bsm);
+    float *ms = reinterpret_cast<float *>(mid + TR_BQ_MCB);
+    for (unsigned qi = 0; qi < p.nq; qi++) merge_query(p, G, qi, ms, mid, mcnt, mthr, wmax);
+    if (tid == 0) *p.done = 0; /* ready for the next launch on this stream */
+}
+
+/* The whole block merges query qi's G sorted per-block lists into its final top-k (ms/mid: TR_BQ_MCB
+ * entries of shared memory; mcnt/mthr/wmax: shared scratch). Reads the partial lists with __ldcg:
+ * in the fused scan they were written by other blocks of the same launch (ordered by the ticket's
+ * fences), so they must come from L2, never from a stale L1 line. */
+__device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
+                            unsigned &mcnt, float &mthr, float *wmax) {
+    const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const unsigned k = p.bq[qi].k;
     const unsigned *pn = p.part_n + (size_t)qi * G;
     const float *ps = p.part_s + (size_t)qi * G * TR_BQ_MAX_K;
@@ -600,9 +624,10 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
     /* any list holding k entries bounds the global k-th score from below */
     float local = -INFINITY;
     for (unsigned b = tid; b < G; b += blockDim.x)
-        if (pn[b] == k) local = fmaxf(local, ps[(size_t)b * TR_BQ_MAX_K + k - 1]);
+        if (__ldcg(pn + b) == k) local = fmaxf(local, __ldcg(ps + (size_t)b * TR_BQ_MAX_K + k - 1));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
+    __syncthreads(); /* the previous query's readers of wmax/mcnt/mthr are done */
     if (lane == 0) wmax[warp] = local;
     if (tid == 0) mcnt = 0;
     __syncthreads();
@@ -621,9 +646,9 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
         for (int i = 0; i < 8; i++) {
             const unsigned e = base + i * TR_CUDA_BLOCK + tid;
             const unsigned b = e / k, j = e - b * k;
-            ok[i] = e < total && j < pn[e < total ? b : 0];
-            s[i] = ok[i] ? ps[(size_t)b * TR_BQ_MAX_K + j] : -INFINITY;
-            d[i] = ok[i] ? pid[(size_t)b * TR_BQ_MAX_K + j] : LLONG_MAX;
+            ok[i] = e < total && j < __ldcg(pn + (e < total ? b : 0));
+            s[i] = ok[i] ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K + j) : -INFINITY;
+            d[i] = ok[i] ? __ldcg(pid + (size_t)b * TR_BQ_MAX_K + j) : LLONG_MAX;
         }
         const float th = mthr;
 #pragma unroll
@@ -655,6 +680,18 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
         }
         if (lane == 0) p.out_hits[qi] = m;
     }
+}
+
+/* One block per query: merges the scan blocks' sorted lists (G of them) into the final top-k
+ * (batches of more than TR_BQ_FUSE_MAX queries: the merges run in parallel, one block each). */
+__global__ void __launch_bounds__(TR_CUDA_BLOCK)
+batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
+    __shared__ float ms[TR_BQ_MCB];
+    __shared__ long long mid[TR_BQ_MCB];
+    __shared__ unsigned mcnt;
+    __shared__ float mthr;
+    __shared__ float wmax[TR_CUDA_WARPS];
+    merge_query(p, G, blockIdx.x, ms, mid, mcnt, mthr, wmax);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -695,6 +732,8 @@ typedef struct cuda_backend {
     float *bpart_s;        /* TR_BQ_MAX x grid_max x TR_BQ_MAX_K */
     long long *bpart_id;
     unsigned *bpart_n;
+    unsigned *bdone;       /* fused merge ticket counter */
+    uint32_t fuse_max;     /* batches of up to this many queries per pass run as one launch */
     uint4 *hq16;           /* pinned f16 queries */
     uint4 *dq;             /* their device copy */
     uint32_t bq_cap;       /* queries */
@@ -826,10 +865,15 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         CREATE_TRY(cudaMemset(b->bpart_id, 0, parts * sizeof(long long)));
         CREATE_TRY(cudaMemset(b->bpart_n, 0, (size_t)TR_BQ_MAX * b->grid_max * sizeof(unsigned)));
         const int sm1 = (int)batch_smem(b, 1), sm2 = (int)batch_smem(b, 2);
-        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm1));
-        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm1));
-        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm2));
-        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm2));
+        CREATE_TRY(cudaMalloc(&b->bdone, sizeof(unsigned)));
+        CREATE_TRY(cudaMemset(b->bdone, 0, sizeof(unsigned)));
+        const char *fm = getenv("TR_CUDA_FUSE_MAX");
+        b->fuse_max = fm && fm[0] ? (uint32_t)strtoul(fm, NULL, 10) : TR_BQ_FUSE_MAX;
+#define TR_SET_SMEM(NT, INL, F, SM) \
+        CREATE_TRY(cudaFuncSetAttribute(batch_scan_kernel<NT, INL, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM))
+        TR_SET_SMEM(1, 0, 0, sm1); TR_SET_SMEM(1, 1, 0, sm1); TR_SET_SMEM(2, 0, 0, sm2); TR_SET_SMEM(2, 1, 0, sm2);
+        TR_SET_SMEM(1, 0, 1, sm1); TR_SET_SMEM(1, 1, 1, sm1); TR_SET_SMEM(2, 0, 1, sm2); TR_SET_SMEM(2, 1, 1, sm2);
+#undef TR_SET_SMEM
     }
     CREATE_TRY(cudaDeviceSynchronize());
     return b;
@@ -844,7 +888,7 @@ static void cuda_destroy(void *self) {
     if (b->batch_done) cudaEventDestroy(b->batch_done);
     cudaFree(b->X); cudaFree(b->ids); cudaFree(b->ns);
     cudaFree(b->part_s); cudaFree(b->part_id); cudaFree(b->part_n); cudaFree(b->done);
-    cudaFree(b->bpart_s); cudaFree(b->bpart_id); cudaFree(b->bpart_n); cudaFree(b->dq);
+    cudaFree(b->bpart_s); cudaFree(b->bpart_id); cudaFree(b->bpart_n); cudaFree(b->bdone); cudaFree(b->dq);
     if (b->hq16) cudaFreeHost(b->hq16);
     if (b->hq) cudaFreeHost(b->hq);
     if (b->hres_ids) cudaFreeHost(b->hres_ids);
@@ -1085,7 +1129,9 @@ static void f32_to_f16(const float *src, uint16_t *dst, uint32_t n) {
 
 static size_t batch_smem(const cuda_backend *b, int nt) {
     const size_t nchunk = (b->nvec + 3) / 4, qstride = nchunk * 4 + 1;
-    return (size_t)nt * 8 * qstride * 16 + (size_t)nt * 8 * TR_BQ_CB * (sizeof(long long) + sizeof(float));
+    const size_t scan = (size_t)nt * 8 * qstride * 16 + (size_t)nt * 8 * TR_BQ_CB * (sizeof(long long) + sizeof(float));
+    const size_t merge = (size_t)TR_BQ_MCB * (sizeof(long long) + sizeof(float)); /* fused merge aliases it */
+    return scan > merge ? scan : merge;
 }
 
 static int ensure_batch_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen) {
@@ -1108,7 +1154,11 @@ static cudaError_t launch_batch(cuda_backend *b, const BatchParams &p, unsigned 
     BatchInline<INL ? TR_BQ_INLINE : 1> qin;
     if (INL) memcpy(qin.v, q_host, (size_t)p.nq * p.nvec * sizeof(uint4));
     else memset(&qin, 0, sizeof qin);
-    batch_scan_kernel<NT, INL><<<grid, TR_CUDA_BLOCK, batch_smem(b, NT), b->stream>>>(p, qin);
+    if (p.nq <= b->fuse_max) { /* one launch: the last scan block merges */
+        batch_scan_kernel<NT, INL, 1><<<grid, TR_CUDA_BLOCK, batch_smem(b, NT), b->stream>>>(p, qin);
+        return cudaGetLastError();
+    }
+    batch_scan_kernel<NT, INL, 0><<<grid, TR_CUDA_BLOCK, batch_smem(b, NT), b->stream>>>(p, qin);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     batch_merge_kernel<<<p.nq, TR_CUDA_BLOCK, 0, b->stream>>>(p, grid);
@@ -1187,6 +1237,7 @@ static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, c
     p.part_s = b->bpart_s;
     p.part_id = b->bpart_id;
     p.part_n = b->bpart_n;
+    p.done = b->bdone;
     p.rows = b->rows;
     p.rows_per_block = rpb;
     p.nvec = b->nvec;

@@ -36,6 +36,13 @@ typedef struct tr_server {
     struct search_batch *owned[3];     /* gathering, in flight, being published: all allocations */
     struct search_batch *free_list[3]; /* the ones in none of those roles */
     uint32_t n_free;
+    /* gather window: after a batch of several requests was published, wait up to gather_ns for
+     * its clients to come back (until gather_target requests are gathered) before launching, so
+     * concurrent clients share one pass instead of alternating between two half batches.
+     * TR_GATHER_US (microseconds; default 0 = off). */
+    uint64_t gather_ns;
+    uint64_t gather_until;  /* 0: no window open */
+    uint32_t gather_target;
 } tr_server;
 
 int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, void *backend,
