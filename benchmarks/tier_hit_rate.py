@@ -3,12 +3,27 @@
     .venv/bin/python benchmarks/tier_hit_rate.py                 # both workloads, full size (~15 min on 2 cores)
     .venv/bin/python benchmarks/tier_hit_rate.py --quick         # small sizes, a smoke run
     .venv/bin/python benchmarks/tier_hit_rate.py --workloads synthetic --out results/tier_hit_rate
+    # ~8 min on 2 cores: every policy x rule set at 10 %, both size skews, namespace policy swept
+    .venv/bin/python benchmarks/tier_hit_rate.py --workloads synthetic --namespaces 1000 --preload 5000 \
+        --writes 200 --reads 1000 --sweep-policies namespace --out results/synthetic_sizes
+    # ~5 min: a 4x longer replay (fewer first reads), rules 1+2 only
+    .venv/bin/python benchmarks/tier_hit_rate.py --workloads synthetic --namespaces 1000 --preload 5000 \
+        --writes 800 --reads 4000 --policies lru lfu recency namespace --rule-sets complete+bound \
+        --shares 0.10 --out results/synthetic_sizes_long
 
 Both workloads are replayed through the real coordinator (TieredMemory), sidecar (CPU backend here)
 and LanceDB cold tier, once per (policy, rule set, hot capacity), each run in a fresh store.
 
-* synthetic: a multi-tenant agent workload. Namespaces get Zipf popularity (for writes and reads
-  alike); memories arrive in episodes (a run of memories on one topic, a topic is a random
+* synthetic: a multi-tenant agent workload. Namespaces get Zipf read popularity (exponent 1.1);
+  how many memories each namespace holds is the explicit parameter --size-skew:
+    proportional  writes follow the same Zipf ranking as reads, so a namespace's size grows with its
+                  popularity (the most-read tenants are the largest; at 1000 namespaces the most
+                  read one holds ~17 % of all memories, more than a 10 % hot tier);
+    independent   writes follow the same Zipf law over a random permutation of the namespaces:
+                  the same heavy-tailed size distribution, but a namespace's size says nothing
+                  about how often it is read.
+  Both are reported by default (workload names synthetic-proportional / synthetic-independent);
+  the issue text ("thousands of namespaces with Zipf popularity") fixes neither. Memories arrive in episodes (a run of memories on one topic, a topic is a random
   direction and a memory is topic + noise); a read references one memory of the namespace with
   age rank r ~ P(r) proportional to (r + 1)^-1.6 (biased to recent memories, a long tail: about 12 % of
   references are older than the 20th newest memory), the query is that memory plus noise. A history
@@ -20,7 +35,9 @@ and LanceDB cold tier, once per (policy, rule set, hot capacity), each run in a 
 
 Per run: the share of searches answered without the cold tier (rule complete / bound / threshold),
 recall@10 against exact search over all memories of the namespace, latency p50/p99 per path, and
-rows moved between tiers (inserted, promoted, evicted). Prints a table; writes <out>.json and
+rows moved between tiers (inserted, promoted, evicted). The synthetic searches are also reported for
+the second half of the replay alone ("hit rate 2nd half"): the first reads of each namespace find a
+policy with no read history yet (a cold start), the second half is closer to a steady state. Prints a table; writes <out>.json and
 <out>_hit_rate_vs_capacity.png, <out>_recall_vs_hit_rate.png.
 """
 from __future__ import annotations
@@ -44,7 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 from tiered_recall import TieredMemory  # noqa: E402
-from tiered_recall.policies import LFU, LRU, RecencyWindow  # noqa: E402
+from tiered_recall.policies import LFU, LRU, NamespacePolicy, RecencyWindow  # noqa: E402
 from tiered_recall.sidecar import HotTier, segment_path  # noqa: E402
 
 LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
@@ -63,6 +80,7 @@ class Workload:
     total_rows: int
     tau: float
     pin: list  # namespaces a "pinned" policy pins
+    info: dict | None = None  # workload parameters and shape, reported in the JSON
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -70,11 +88,22 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
+SIZE_SKEWS = ("proportional", "independent")
+
+
 def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, dim: int = 64,
-              seed: int = 0, tau: float = 0.5) -> Workload:
+              seed: int = 0, tau: float = 0.5, size_skew: str = "proportional") -> Workload:
+    """size_skew: "proportional" (writes follow the read popularity: size grows with popularity) or
+    "independent" (writes follow the same Zipf law over a random permutation of the namespaces)."""
+    if size_skew not in SIZE_SKEWS:
+        raise ValueError(f"size_skew must be one of {SIZE_SKEWS}, got {size_skew!r}")
     rng = np.random.default_rng(seed)
     pop = 1.0 / np.arange(1, namespaces + 1) ** 1.1
     pop /= pop.sum()
+    if size_skew == "independent":
+        write_pop = pop[np.random.default_rng(seed + 1).permutation(namespaces)]
+    else:
+        write_pop = pop
     rows: dict[int, list[int]] = {i: [] for i in range(namespaces)}  # ids per namespace, oldest first
     vecs: dict[int, np.ndarray] = {}
     episode: dict[int, tuple[np.ndarray, int]] = {}
@@ -101,7 +130,7 @@ def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, di
 
     preload = []
     while next_id[0] <= preload_rows:
-        ns = int(rng.choice(namespaces, p=pop))
+        ns = int(rng.choice(namespaces, p=write_pop))
         ids, v, t = write(ns, int(rng.integers(1, 4)))
         preload.append((f"t{ns}", ids, v, t))
     ranks = np.arange(1, 100_000, dtype=np.float64) ** -1.6
@@ -109,18 +138,42 @@ def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, di
     total = reads + writes
     read_at = set(rng.choice(total, size=reads, replace=False).tolist())
     for e in range(total):
-        ns = int(rng.choice(namespaces, p=pop))
+        ns = int(rng.choice(namespaces, p=pop if e in read_at else write_pop))
         if e in read_at and rows[ns]:
             n = len(rows[ns])
             p = ranks[:n] / ranks[:n].sum()
             target = rows[ns][n - 1 - int(rng.choice(n, p=p))]
             q = unit(vecs[target] + 0.3 * rng.standard_normal(dim) / math.sqrt(dim))
-            events.append(("search", f"t{ns}", q, "live"))
+            events.append(("search", f"t{ns}", q, "first-half" if 2 * e < total else "second-half"))
         else:
             ids, v, t = write(ns, int(rng.integers(1, 4)))
             events.append(("add", f"t{ns}", ids, v, t))
     top = [f"t{i}" for i in range(5)]
-    return Workload("synthetic", dim, preload, events, next_id[0] - 1, tau, top)
+    sizes = np.array([len(rows[i]) for i in range(namespaces)], dtype=np.float64)
+    total_rows = next_id[0] - 1
+    info = {"size_skew": size_skew, "namespaces": namespaces, "rows": total_rows,
+            "nonempty_namespaces": int((sizes > 0).sum()),
+            "largest_namespace_share": float(sizes.max() / total_rows),
+            "most_read_namespace_share": float(sizes[0] / total_rows),
+            "read_share_of_top10_read": float(pop[:10].sum()),
+            "rows_of_top10_read_share": float(sizes[:10].sum() / total_rows)}
+    # What rule 1 can reach at a 10 % hot tier, whatever the policy: a namespace's first read finds
+    # no read history; a clairvoyant static set of complete namespaces (final sizes, greedy by reads
+    # per row) is an upper estimate; reads to a namespace larger than the tier can never be rule 1.
+    reads_per_ns = np.zeros(namespaces)
+    for ev in events:
+        if ev[0] == "search":
+            reads_per_ns[int(ev[1][1:])] += 1
+    searches, cap = reads_per_ns.sum(), round(0.10 * total_rows)
+    budget, oracle = cap, 0.0
+    for i in sorted(np.flatnonzero(reads_per_ns), key=lambda i: -reads_per_ns[i] / sizes[i]):
+        if sizes[i] <= budget:
+            budget -= sizes[i]
+            oracle += reads_per_ns[i]
+    info.update({"searches": int(searches), "first_read_share": float((reads_per_ns > 0).sum() / searches),
+                 "oracle_complete_share_at_10pct": float(oracle / searches),
+                 "reads_to_namespaces_larger_than_10pct": float(reads_per_ns[sizes > cap].sum() / searches)})
+    return Workload(f"synthetic-{size_skew}", dim, preload, events, total_rows, tau, top, info)
 
 
 def locomo(path: Path, *, tau: float = 0.5, max_conversations: int | None = None) -> Workload:
@@ -174,7 +227,8 @@ def locomo(path: Path, *, tau: float = 0.5, max_conversations: int | None = None
 
 def make_policy(name: str, pin: list[str]):
     return {"lru": lambda: LRU(), "lfu": lambda: LFU(half_life=2000), "recency": lambda: RecencyWindow(),
-            "lfu+pin": lambda: LFU(half_life=2000, pin_namespaces=pin)}[name]()
+            "lfu+pin": lambda: LFU(half_life=2000, pin_namespaces=pin),
+            "namespace": lambda: NamespacePolicy(half_life=2000)}[name]()
 
 
 RULE_SETS = {"complete": (("complete",), None), "complete+bound": (("complete", "bound"), None),
@@ -297,10 +351,15 @@ def replay(w: Workload, root: Path, base: Path | None, *, policy: str, rules: st
 
 # ---- report -------------------------------------------------------------------------------
 
+def second(r: dict) -> str:
+    ph = r["phases"].get("second-half")
+    return f"{100 * ph['hit_rate']:.1f}% (recall {ph['recall_at_10']:.4f})" if ph else "-"
+
+
 def table(results: list[dict]) -> str:
-    head = ("| workload | policy | rules | hot cap | hit rate | recall@10 | by rule (complete/bound/tau/cold) "
+    head = ("| workload | policy | rules | hot cap | hit rate | recall@10 | hit rate 2nd half | by rule (complete/bound/tau/cold) "
             "| p50/p99 hot us | p50/p99 hot+cold us | rows in/promoted/evicted |")
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in results:
         d = r["decided_by"]
         lat = r["latency"]
@@ -309,7 +368,7 @@ def table(results: list[dict]) -> str:
         fmt = (lambda x: f"{x['p50_us']:.0f}/{x['p99_us']:.0f}" if x else "-")
         m = r["rows_moved"]
         lines.append(f"| {r['workload']} | {r['policy']} | {r['rules']} | {r['capacity']} ({100 * r['capacity_share']:.0f}%) "
-                     f"| {100 * r['hit_rate']:.1f}% | {r['recall_at_10']:.4f} | {d['complete']}/{d['bound']}/{d['threshold']}/{d['cold']} "
+                     f"| {100 * r['hit_rate']:.1f}% | {r['recall_at_10']:.4f} | {second(r)} | {d['complete']}/{d['bound']}/{d['threshold']}/{d['cold']} "
                      f"| {fmt(hot)} | {fmt(cold)} | {m['inserted']}/{m['promoted']}/{m['evicted']} |")
     return "\n".join(lines)
 
@@ -362,11 +421,16 @@ def plots(results: list[dict], out: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=["synthetic", "locomo"], choices=["synthetic", "locomo"])
-    ap.add_argument("--policies", nargs="+", default=["lru", "lfu", "recency", "lfu+pin"])
+    ap.add_argument("--policies", nargs="+", default=["lru", "lfu", "recency", "lfu+pin", "namespace"])
+    ap.add_argument("--rule-sets", nargs="+", default=list(RULE_SETS), choices=list(RULE_SETS),
+                    help="rule sets compared at the main capacity")
     ap.add_argument("--sweep-policies", nargs="+", default=None, help="policies for the capacity sweep (default: --policies)")
     ap.add_argument("--locomo-conversations", type=int, default=None, help="only the first N conversations")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--namespaces", type=int, default=2000)
+    ap.add_argument("--size-skew", nargs="+", default=list(SIZE_SKEWS), choices=SIZE_SKEWS,
+                    help="synthetic: namespace sizes proportional to read popularity, or independent of it "
+                         "(same Zipf size law, permuted); each one given is a separate workload")
     ap.add_argument("--preload", type=int, default=20000, help="synthetic: memories written before the replay")
     ap.add_argument("--writes", type=int, default=1500, help="synthetic: add calls (1-3 memories each) in the replay")
     ap.add_argument("--reads", type=int, default=6000, help="synthetic: searches in the replay")
@@ -382,11 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results = []
+    workloads_info: dict = {}
     with tempfile.TemporaryDirectory(prefix="tier-hit-rate-") as tmp:
         root = Path(tmp)
-        for wl in args.workloads:
+        todo = [(wl, skew) for wl in args.workloads for skew in (args.size_skew if wl == "synthetic" else [None])]
+        for wl, skew in todo:
             if wl == "synthetic":
-                w = synthetic(namespaces=args.namespaces, preload_rows=args.preload, writes=args.writes, reads=args.reads)
+                w = synthetic(namespaces=args.namespaces, preload_rows=args.preload, writes=args.writes, reads=args.reads,
+                              size_skew=skew)
                 main_share, shares = args.main_share, args.shares
             else:
                 if not LOCOMO.exists():
@@ -394,19 +461,23 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 w = locomo(LOCOMO, max_conversations=2 if args.quick else args.locomo_conversations)
                 main_share, shares = args.locomo_main_share, args.locomo_shares
+            if w.info:
+                print(f"{w.name}: {json.dumps(w.info)}", flush=True)
+                workloads_info[w.name] = w.info
             base = build_preload(w, root)
-            runs = [(p, rs, main_share) for p in args.policies for rs in RULE_SETS]
+            runs = [(p, rs, main_share) for p in args.policies for rs in args.rule_sets]
             runs += [(p, "complete+bound", s) for p in (args.sweep_policies or args.policies) for s in shares
                      if s != main_share]
             for policy, rules, share in runs:
                 capacity = max(1, int(round(share * w.total_rows)))
                 r = replay(w, root, base, policy=policy, rules=rules, capacity=capacity)
                 results.append(r)
-                print(f"  {wl:9s} {policy:8s} {rules:20s} cap {capacity:6d}: hit {100 * r['hit_rate']:5.1f}% "
+                print(f"  {w.name:22s} {policy:9s} {rules:20s} cap {capacity:6d}: hit {100 * r['hit_rate']:5.1f}% "
                       f"recall {r['recall_at_10']:.4f} ({r['wall_s']:.0f} s)", flush=True)
     print()
     print(table(results))
-    Path(f"{out}.json").write_text(json.dumps({"command": " ".join(sys.argv), "k": K, "results": results}, indent=1))
+    Path(f"{out}.json").write_text(json.dumps({"command": " ".join(sys.argv), "k": K, "workloads": workloads_info,
+                                                "results": results}, indent=1))
     written = [f"{out}.json"]
     try:
         written += plots(results, out)

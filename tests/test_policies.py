@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tiered_recall import InvalidInput
-from tiered_recall.policies import LFU, LRU, HotSet, RecencyWindow, resolve_policy
+from tiered_recall.namespaces import namespace_hash
+from tiered_recall.policies import LFU, LRU, HotSet, NamespacePolicy, RecencyWindow, resolve_policy
 from tiered_recall.scoring import Boost, Scoring
 
 DIM = 16
@@ -154,3 +155,134 @@ def test_hotset_victims_skip_pinned_and_excluded():
     assert hs.victims(policy, 2, now=10, exclude={1}) == [3, 4]
     assert hs.victims(RecencyWindow(), 1, now=10) == [1]
     assert hs.remove(1)[0] == "n" and len(hs) == 3 and 1 not in hs
+
+
+# ---- namespace-granular placement ------------------------------------------------------------
+
+def test_namespace_policy_keeps_read_namespaces_whole_and_rule_1_answers_them(open_memory):
+    rng = np.random.default_rng(7)
+    memory = open_memory(hot_capacity=20, policy="namespace", rules=("complete",))
+    assert isinstance(memory.policy, NamespacePolicy)
+    xa, xb, xbig = unit_rows(rng, 6), unit_rows(rng, 5), unit_rows(rng, 40)
+    memory.add(["m"] * 6, vectors=xa, ids=list(range(6)), namespace="a", created_at=1_600_000_000.0)
+    memory.add(["m"] * 5, vectors=xb, ids=list(range(10, 15)), namespace="b", created_at=1_600_000_000.0)
+    add_one_by_one(memory, xbig[:30], range(100, 130), namespace="big")  # pushes a and b out (nobody read them yet)
+    assert not set(range(6)) <= hot_ids(memory, range(6))
+    first = memory.search(xa[0], k=3, namespace="a", explain=True)
+    assert first.rule == "cold" and first.hits[0].id == 0
+    assert hot_ids(memory, range(6)) == set(range(6)), "a cold-path search of a chosen namespace loads all of it"
+    assert memory.search(xa[3], k=3, namespace="a", explain=True).rule == "complete"
+    memory.search(xb[0], k=3, namespace="b")
+    report = memory.search(xb[1], k=3, namespace="b", explain=True)
+    assert report.rule == "complete" and report.hits[0].id == 11 and all(h.tier == "hot" for h in report.hits)
+    # writes to an unread namespace do not break the chosen ones: they keep only the room left
+    add_one_by_one(memory, xbig[30:], range(130, 140), namespace="big")
+    assert hot_ids(memory, range(6)) == set(range(6)) and hot_ids(memory, range(10, 15)) == set(range(10, 15))
+    assert hot_ids(memory, range(100, 140)) == set(range(131, 140)), "big keeps its newest rows in the room left"
+    # a write to a chosen namespace keeps it complete
+    memory.add(["m"], vectors=unit_rows(rng, 1), ids=[6], namespace="a")
+    assert memory.search(xa[0], k=3, namespace="a", explain=True).rule == "complete"
+    assert memory.policy.chosen(memory._tick, 20) == {"a", "b"}
+    stats = memory.stats()
+    assert stats["hot_rows"] <= 20 and stats["rows_moved"]["sidecar_evicted"] == 0
+    assert stats["policy"] == "namespace(half_life=1000)"
+
+
+def test_namespace_policy_prefers_reads_per_row_and_falls_back_to_recency_for_a_namespace_too_large(open_memory):
+    rng = np.random.default_rng(8)
+    memory = open_memory(hot_capacity=12, policy=NamespacePolicy(half_life=10_000), rules=("complete",))
+    xs, xl, xh = unit_rows(rng, 4), unit_rows(rng, 8), unit_rows(rng, 20)
+    memory.add(["m"] * 4, vectors=xs, ids=list(range(4)), namespace="small", created_at=1_600_000_000.0)
+    memory.add(["m"] * 8, vectors=xl, ids=list(range(10, 18)), namespace="large", created_at=1_600_000_000.0)
+    add_one_by_one(memory, xh, range(100, 120), namespace="huge")  # larger than the whole hot tier
+    for _ in range(3):  # small and large read as often: small is denser, so chosen first; large no longer fits
+        memory.search(xs[0], k=2, namespace="small")
+        memory.search(xl[0], k=2, namespace="large")
+    for _ in range(30):  # huge is read the most, but it can never be complete
+        memory.search(xh[-1], k=2, namespace="huge")
+    assert memory.policy.chosen(memory._tick, 12) == {"small", "large"}
+    assert hot_ids(memory, range(4)) == set(range(4)) and hot_ids(memory, range(10, 18)) == set(range(10, 18))
+    assert memory.search(xs[1], k=2, namespace="small", explain=True).rule == "complete"
+    assert memory.search(xl[1], k=2, namespace="large", explain=True).rule == "complete"
+    # new rows of huge replace only its own older rows, never rows of the chosen namespaces
+    add_one_by_one(memory, unit_rows(rng, 3), range(120, 123), namespace="huge")
+    assert hot_ids(memory, range(4)) == set(range(4)) and hot_ids(memory, range(10, 18)) == set(range(10, 18))
+    assert memory.stats()["hot_rows"] <= 12
+
+
+def test_namespace_policy_with_pinning(open_memory):
+    rng = np.random.default_rng(9)
+    memory = open_memory(hot_capacity=10, policy=NamespacePolicy(pin_namespaces=["vip"]))
+    memory.add(["m"] * 4, vectors=unit_rows(rng, 4), ids=[0, 1, 2, 3], namespace="vip")
+    xa, xb = unit_rows(rng, 5), unit_rows(rng, 3)
+    memory.add(["m"] * 5, vectors=xa, ids=list(range(10, 15)), namespace="a")
+    memory.add(["m"] * 3, vectors=xb, ids=list(range(20, 23)), namespace="b")
+    for _ in range(3):
+        memory.search(xa[0], k=2, namespace="a")
+    memory.search(xb[0], k=2, namespace="b")
+    # 10 rows, 4 pinned: a (5 rows, read most per row) fits the 6 left, b (3) does not
+    assert memory.policy.chosen(memory._tick, 10) == {"a"}
+    assert {0, 1, 2, 3} <= hot_ids(memory, range(4))
+    assert hot_ids(memory, range(10, 15)) == set(range(10, 15))
+    assert memory.search(xa[2], k=2, namespace="a", explain=True).rule == "complete"
+    assert memory.search(unit_rows(rng, 1)[0], k=2, namespace="vip", explain=True).rule == "complete"
+    assert memory.stats()["hot_rows"] <= 10
+
+
+def test_namespace_policy_is_exact_across_adds_deletes_and_evictions(open_memory):
+    rng = np.random.default_rng(10)
+    cap = 40
+    memory = open_memory(hot_capacity=cap, policy=NamespacePolicy(half_life=200), rules=("complete", "bound"))
+    names = [f"n{i}" for i in range(8)]
+    weight = np.array([8, 6, 4, 3, 2, 1, 1, 1], dtype=np.float64)
+    weight /= weight.sum()
+    truth: dict[int, tuple[str, np.ndarray]] = {}
+    next_id = 0
+    rules_seen = set()
+    for step in range(260):
+        ns = names[int(rng.choice(len(names), p=weight))]
+        op = rng.random()
+        if op < 0.35 or not any(v[0] == ns for v in truth.values()):
+            m = int(rng.integers(1, 5))
+            x = unit_rows(rng, m)
+            ids = list(range(next_id, next_id + m))
+            next_id += m
+            memory.add(["m"] * m, vectors=x, ids=ids, namespace=ns, created_at=1_700_000_000.0 + step)
+            truth.update({i: (ns, v) for i, v in zip(ids, x)})
+        elif op < 0.42:
+            victims = [i for i, (n, _) in truth.items() if n == ns][:2]
+            assert memory.delete(victims) == len(victims)
+            for i in victims:
+                truth.pop(i)
+        else:
+            own = [(i, v) for i, (n, v) in truth.items() if n == ns]
+            target = own[int(rng.integers(len(own)))][1]
+            q = target + 0.3 * rng.standard_normal(DIM).astype(np.float32)
+            q /= np.linalg.norm(q)
+            k = 5
+            report = memory.search(q, k=k, namespace=ns, explain=True)
+            ids = np.array([i for i, _ in own])
+            scores = np.stack([v for _, v in own]) @ q
+            want = ids[np.lexsort((ids, -scores))][:k].tolist()
+            assert [h.id for h in report.hits] == want, (step, report.rule)
+            rules_seen.add(report.rule)
+            _, total = memory._hot.namespace_rows(namespace_hash(ns))
+            assert total == len(own)
+        assert memory.stats()["hot_rows"] <= cap
+    assert "complete" in rules_seen and "cold" in rules_seen
+    stats = memory.stats()
+    assert stats["rows_moved"]["sidecar_evicted"] == 0 and stats["rows_moved"]["promoted"] > 0
+    assert stats["rules"]["complete"]["searches"] > 10
+
+
+def test_namespace_policy_validation():
+    assert isinstance(resolve_policy("namespace"), NamespacePolicy)
+    with pytest.raises(InvalidInput):
+        NamespacePolicy(half_life=0)
+    p = NamespacePolicy()
+    p.set_sizes({"a": 3, "b": 50, "c": 2})
+    p.observe("a", 1)
+    p.observe("b", 1)
+    assert p.chosen(1, 10) == {"a"} and p.whole_namespace("a", 1, 10) and not p.whole_namespace("c", 1, 10)
+    p.set_sizes({"a": 0})
+    assert p.chosen(1, 10) == set()

@@ -9,7 +9,7 @@ import secrets
 import subprocess
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -189,8 +189,9 @@ class TieredMemory:
     or the existing store when None. embedder: "wordllama" (default, offline), "minilm", any
     callable texts -> (n, d) float32, or None to add and search raw vectors only. hot_capacity:
     rows the hot tier keeps; hot_capacity_bytes: the same as a byte budget (vector + 24 bytes a
-    row; overrides hot_capacity). policy: "lru", "lfu", "recency" or a tiered_recall.policies
-    Policy (pinning included): which rows stay hot; evicted rows stay in the cold tier.
+    row; overrides hot_capacity). policy: "lru", "lfu", "recency", "namespace" (whole
+    namespaces kept hot, for rule 1) or a tiered_recall.policies Policy (pinning included): which
+    rows stay hot; evicted rows stay in the cold tier.
     device: "auto" (CUDA when a GPU and the CUDA build are present, else CPU), "cpu", "cuda", or
     "none" for no hot tier at all. Other processes opening the same path share the same sidecar.
     rules: the skip rules tried in order ("complete", "bound"; both exact); confidence: a float
@@ -412,6 +413,7 @@ class TieredMemory:
             after = self._signature(hot)
         namespaces = rows["namespace"]
         created = rows["created_at_us"]
+        self.policy.set_sizes(dict(Counter(namespaces)), replace=True)
         cold_only: dict[str, list[int]] = {}
         for j in range(len(ids)):
             if present[j]:
@@ -490,6 +492,15 @@ class TieredMemory:
                 ns = namespaces[j]
                 seen[ns] = seen.get(ns, 0) + 1
                 if seen[ns] > cap:
+                    place[j] = False
+        if self.policy.admission:  # the policy may keep new rows out rather than displace better ones
+            new_by_ns: dict[str, list[int]] = {}
+            for j in np.flatnonzero(place):
+                if int(ids[j]) not in hs and not self.policy.is_pinned(int(ids[j]), namespaces[j]):
+                    new_by_ns.setdefault(namespaces[j], []).append(int(j))
+            for ns, js in new_by_ns.items():
+                ok = self.policy.admit(hs, ns, len(js), self._tick)
+                for j in js[: len(js) - ok]:  # the oldest rows of the batch stay cold
                     place[j] = False
         if place.sum() > hs.capacity:
             place[np.flatnonzero(place)[: int(place.sum()) - hs.capacity]] = False
@@ -700,6 +711,7 @@ class TieredMemory:
         h = namespace_hash(namespace)
 
         def to_hot(hot: HotTier, total: int) -> bool:
+            self.policy.set_sizes({namespace: total})
             hot.set_namespace_totals({h: total})  # before the rows: a reader sees hot < total, asks cold
             self._place(hot, id_arr, vecs, [namespace] * n, created)
             return True
@@ -758,6 +770,7 @@ class TieredMemory:
                 self._cache.pop(int(i), None)
                 self._backlog.discard(int(i))
             counts = {ns: self.cold.count(ns) for ns in namespaces}
+            self.policy.set_sizes(counts)
             self._hot_call(lambda hot: self._publish_totals(hot, counts))
         return int(deleted)
 
@@ -868,6 +881,8 @@ class TieredMemory:
             return SearchReport(hits, "hybrid", "cold", None, None, seconds) if explain else hits
         with self._lock:
             self._tick += 1
+            if namespace is not None:
+                self.policy.observe(namespace, self._tick)
             hot = self._ensure_hot()
             hot_ids: np.ndarray = np.empty(0, dtype=np.int64)
             hot_scores: np.ndarray = np.empty(0, dtype=np.float32)
@@ -913,7 +928,9 @@ class TieredMemory:
                 half_life = self.policy.half_life if isinstance(self.policy, LFU) else None
                 self._hotset.use((i for _, i, tier in merged if tier == "hot"), self._tick, half_life)
             if path == "hot+cold" and hot is not None:
-                if self.policy.promote:
+                if namespace is not None and self.policy.whole_namespace(namespace, self._tick, hot.capacity):
+                    self._promote_namespace(namespace)
+                elif self.policy.promote:
                     self._promote([i for _, i, tier in merged if tier == "cold"])
                 self._tighten(namespace)
         hits = []
@@ -990,6 +1007,21 @@ class TieredMemory:
                 hot, np.array([r["id"] for r in rows], dtype=np.int64), np.stack([r["vector"] for r in rows]),
                 [r["namespace"] for r in rows], np.array([r["created_at_us"] for r in rows], dtype=np.int64),
                 promoted=True))
+
+    def _promote_namespace(self, namespace: str) -> None:
+        """Loads every row of a namespace the policy keeps whole into the hot tier (when it fits)."""
+        hs = self._hotset
+        total = self.cold.count(namespace)
+        if hs is None or total == 0 or total > hs.capacity or hs.per_namespace.get(namespace, 0) >= total:
+            return
+        rows = self.cold.recent(total, namespace=namespace)
+        keep = np.array([int(i) not in hs for i in rows["ids"]], dtype=bool)
+        if not keep.any():
+            return
+        ids, vecs, created = rows["ids"][keep], rows["vectors"][keep], rows["created_at_us"][keep]
+        order = np.lexsort((ids, created))  # oldest first: a batch's newest rows win any shortfall
+        self._hot_call(lambda hot: self._place(hot, ids[order], vecs[order], [namespace] * len(order),
+                                                created[order], promoted=True))
 
     def stats(self) -> dict:
         """Rows per tier, how often the hot tier answered alone, and latency per search path."""

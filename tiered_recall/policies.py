@@ -10,6 +10,11 @@ namespaces are never evicted.
     RecencyWindow(rows_per_namespace=None)   newest rows by created_at; with rows_per_namespace,
                                        also at most that many rows of any one namespace;
                                        cold hits are not promoted (they would be evicted first)
+    NamespacePolicy(half_life=1000)    whole namespaces: keeps complete namespaces hot (so skip rule 1
+                                       answers them exactly), chosen greedily by reads per row (reads
+                                       age like LFU counts) within the capacity left after pinning; a
+                                       cold-path search of a chosen namespace loads all of it; other
+                                       namespaces keep their newest rows in what room is left
 
 Each policy takes pin_namespaces=... and pin_ids=...; TieredMemory.pin / unpin change them later.
 Policy state is per process (see TieredMemory): with several writers the sidecar's LRU may evict.
@@ -39,8 +44,25 @@ class Policy:
     def priority(self, table: "HotSet", rows: np.ndarray, now: int) -> np.ndarray:
         raise NotImplementedError
 
+    admission = False  # when True, _place asks admit() how many new rows of a namespace may enter
+
     def per_namespace_cap(self) -> int | None:
         return None
+
+    # Hooks the coordinator calls; no-ops for row-granular policies.
+    def observe(self, namespace: str, now: int) -> None:
+        """A search of this namespace (tick now)."""
+
+    def set_sizes(self, counts: dict[str, int], *, replace: bool = False) -> None:
+        """Total rows per namespace (the cold tier's counts); replace=True forgets the others."""
+
+    def whole_namespace(self, namespace: str, now: int, capacity: int) -> bool:
+        """True when a cold-path search of this namespace should load the whole namespace hot."""
+        return False
+
+    def admit(self, table: HotSet, namespace: str, m: int, now: int) -> int:
+        """How many of m new rows of namespace may enter the hot tier (the newest ones win)."""
+        return m
 
     def is_pinned(self, row_id: int, namespace: str) -> bool:
         return row_id in self.pinned_ids or namespace in self.pinned_namespaces
@@ -96,7 +118,113 @@ class RecencyWindow(Policy):
         return "recency" if self.rows_per_namespace is None else f"recency(rows_per_namespace={self.rows_per_namespace})"
 
 
-POLICIES = {"lru": LRU, "lfu": LFU, "recency": RecencyWindow}
+class NamespacePolicy(Policy):
+    """Namespace-granular placement: the hot tier holds whole namespaces, so rule 1 ("complete")
+    answers their searches exactly without the cold tier.
+
+    Each search of a namespace adds 1 to its read count, which halves every half_life ticks (one
+    tick per search or add). Its *density* is that count per row (count / total rows). The
+    *chosen* namespaces are picked greedily by density, highest first, skipping any that does not
+    fit, within capacity minus pinned rows: reading a small namespace often is worth more than
+    reading a huge one as often. Eviction order (lowest first): rows of namespaces that are not
+    chosen, by density, then rows of chosen namespaces; within a namespace the oldest row first
+    (row-granular recency: a namespace too large to be chosen keeps its newest rows in the room
+    left). A new row enters only when it would displace a row of lower rank (or there is room);
+    rows of a chosen namespace always enter. A cold-path search of a chosen namespace that is not
+    complete loads the whole namespace (the disk was read anyway); single cold hits are not
+    promoted. Totals per namespace come from the coordinator (set_sizes), the same counts the
+    sidecar publishes; whether a namespace is complete is always the sidecar's hot == total check.
+    """
+
+    name = "namespace"
+    promote = False
+    admission = True
+
+    def __init__(self, *, half_life: float = 1000.0, **kw) -> None:
+        super().__init__(**kw)
+        if isinstance(half_life, bool) or not isinstance(half_life, (int, float)) or not half_life > 0:
+            raise InvalidInput(f"half_life must be > 0 ticks, got {half_life!r}")
+        self.half_life = float(half_life)
+        self.heat: dict[str, tuple[float, int]] = {}  # namespace -> (read count, tick it was last aged to)
+        self.sizes: dict[str, int] = {}
+        self._version = 0
+        self._cached: tuple | None = None  # (now, capacity, version, chosen, ranks)
+
+    def observe(self, namespace: str, now: int) -> None:
+        count, at = self.heat.get(namespace, (0.0, now))
+        self.heat[namespace] = (count * 2.0 ** (-(now - at) / self.half_life) + 1.0, now)
+        self._version += 1
+        if len(self.heat) > 4 * max(64, len(self.sizes)):  # forget namespaces whose reads aged away
+            self.heat = {ns: (c, t) for ns, (c, t) in self.heat.items()
+                         if c * 2.0 ** (-(now - t) / self.half_life) > 1e-3}
+
+    def set_sizes(self, counts: dict[str, int], *, replace: bool = False) -> None:
+        if replace:
+            self.sizes = {}
+        for ns, n in counts.items():
+            if n > 0:
+                self.sizes[ns] = int(n)
+            else:
+                self.sizes.pop(ns, None)
+        self._version += 1
+
+    def density(self, namespace: str, now: int) -> float:
+        count, at = self.heat.get(namespace, (0.0, now))
+        return count * 2.0 ** (-(now - at) / self.half_life) / max(1, self.sizes.get(namespace, 1))
+
+    def _plan(self, now: int, capacity: int) -> tuple[set[str], dict[str, int]]:
+        """(chosen namespaces, rank per namespace: higher is evicted later; unknown namespaces rank 0)."""
+        c = self._cached
+        if c is not None and c[:3] == (now, capacity, self._version):
+            return c[3], c[4]
+        budget = capacity - len(self.pinned_ids) - sum(self.sizes.get(ns, 0) for ns in self.pinned_namespaces)
+        dens = {ns: self.density(ns, now) for ns in self.heat}
+        chosen: set[str] = set()
+        for ns in sorted(dens, key=lambda n: (-dens[n], self.sizes.get(n, 0), n)):
+            size = self.sizes.get(ns, 0)
+            if dens[ns] <= 0 or ns in self.pinned_namespaces or size == 0:
+                continue
+            if size <= budget:
+                chosen.add(ns)
+                budget -= size
+        keys = sorted({(ns in chosen, d) for ns, d in dens.items()} | {(False, 0.0)})
+        rank_of = {key: r for r, key in enumerate(keys)}
+        base = rank_of[(False, 0.0)]
+        ranks = {ns: rank_of[(ns in chosen, d)] - base for ns, d in dens.items()}
+        self._cached = (now, capacity, self._version, chosen, ranks)
+        return chosen, ranks
+
+    def chosen(self, now: int, capacity: int) -> set[str]:
+        """The namespaces this policy keeps whole in a hot tier of this capacity (rows)."""
+        return set(self._plan(now, capacity)[0])
+
+    def priority(self, table, rows, now):
+        _, ranks = self._plan(now, table.capacity)
+        ns_rank = np.array([ranks.get(table.namespace[s], 0) for s in rows], dtype=np.float64)
+        created = table.created_us[rows]
+        order = np.lexsort((table.ids[rows], created))  # oldest first, ties by id
+        frac = np.empty(len(rows), dtype=np.float64)
+        frac[order] = np.arange(len(rows)) / max(1, len(rows))
+        return ns_rank + 0.5 * frac
+
+    def whole_namespace(self, namespace, now, capacity):
+        return namespace not in self.pinned_namespaces and namespace in self._plan(now, capacity)[0]
+
+    def admit(self, table, namespace, m, now):
+        chosen, ranks = self._plan(now, table.capacity)
+        free = table.capacity - len(table)
+        if namespace in chosen or namespace in self.pinned_namespaces or m <= free:
+            return m
+        mine = ranks.get(namespace, 0)
+        lower = sum(n for ns, n in table.per_namespace.items()
+                    if ns not in self.pinned_namespaces and (ranks.get(ns, 0) < mine or ns == namespace))
+        return max(0, min(m, free + lower))
+
+    def describe(self) -> str:
+        return f"namespace(half_life={self.half_life:g})"
+
+
+POLICIES = {"lru": LRU, "lfu": LFU, "recency": RecencyWindow, "namespace": NamespacePolicy}
 
 
 def resolve_policy(spec: str | Policy | None) -> Policy:
