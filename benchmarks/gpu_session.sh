@@ -1,54 +1,38 @@
 #!/usr/bin/env bash
-# The whole GPU-machine run for the CUDA backend: build report, install, GPU tests, compute-sanitizer
-# (memcheck, racecheck) on a small workload, the latency/QPS benchmark; everything lands in $OUT.
-#
-#   bash benchmarks/gpu_session.sh [all|check|bench] [extra hot_latency.py args...]
-#     check: build + install + tests + sanitizers;  bench: install (if needed) + benchmark;  all: both
+# Everything the CUDA backend needs checked, in one GPU-machine call: build report (sm_90, spills),
+# GPU tests (TR_REQUIRE_GPU=1), the benchmark (BENCH_ARGS, default dim 768 at 4096 / 100k / 1M
+# rows, plus QPS with 1/4/16 clients at 100k), gpu_sanitize.sh (memcheck + racecheck on the sidecar
+# process), then the batched-search tests with every pass fused (TR_CUDA_FUSE_MAX=16) and with none
+# (TR_CUDA_FUSE_MAX=0), in what time is left. Each stage has its own limit (TOTAL_S overall); at
+# most 7 files land in $OUT.
 set -uo pipefail
-STAGE="${1:-all}"; shift || true
-OUT="${OUT:-$PWD/results/gpu}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TR_CUDA=ON
-PY=python3
-LOG="$OUT/session.log"
-exec > >(tee -a "$LOG") 2>&1
-step() { echo; echo "=== $* ($(date +%T))"; }
-
-step "machine"
-nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-nvcc --version | tail -2; $PY -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__)'
-
-install() {
-  step "build report (nvcc -Xptxas -v)"
-  cmake -S native -B /tmp/trcuda -G Ninja -DTR_CUDA=ON > "$OUT/build.log" 2>&1 && \
-    ninja -C /tmp/trcuda >> "$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; exit 1; }
-  grep -E "Compiling entry|registers|spill" "$OUT/build.log"
-  step "pip install -e ."
-  $PY -m pip install -q --no-build-isolation --no-deps -e . >> "$OUT/build.log" 2>&1 || { echo "INSTALL FAILED"; tail -30 "$OUT/build.log"; exit 1; }
-  $PY -c 'from tiered_recall._native import sidecar_executable as s; import subprocess; p=str(s()); print(p, subprocess.run([p,"--backends"],capture_output=True,text=True).stdout)'
-}
-
-if [ "$STAGE" = all ] || [ "$STAGE" = check ]; then
-  install
-  step "GPU tests (TR_REQUIRE_GPU=1)"
-  TR_REQUIRE_GPU=1 timeout 420 $PY -m pytest tests/test_cuda_backend.py tests/test_sidecar.py -m gpu -q \
-      -p no:cacheprovider --timeout 180 -ra 2>&1 | tee "$OUT/tests.log" | tail -40
-  step "compute-sanitizer"
-  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for TOOL in memcheck racecheck; do
-    echo "--- $TOOL"
-    # --target-processes all: the sidecar is a child of the Python workload
-    timeout 400 "$CS" --tool $TOOL --target-processes all --log-file "$OUT/sanitizer-$TOOL.txt" \
-        $PY benchmarks/cuda_sanitize_workload.py
-    grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|Device not supported|Invalid|Race" "$OUT/sanitizer-$TOOL.txt" | head -20
-  done
-  cat "$OUT"/sanitizer-*.txt > "$OUT/sanitizer.log" 2>/dev/null; rm -f "$OUT"/sanitizer-*.txt
-fi
-
-if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
-  [ "$STAGE" = bench ] && { $PY -c 'import tiered_recall.sidecar' 2>/dev/null && [ -e build ] || install; }
-  step "benchmark"
-  $PY benchmarks/hot_latency.py --backend cuda --json "$OUT/hot_latency_cuda.json" --png "$OUT/hot_latency_cuda.png" "$@" \
-      2>&1 | tee "$OUT/bench.log"
-fi
-step "done"
+OUT="${OUT:-$PWD/results/gpu}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TIERED_RECALL_BIN_DIR=/tmp/trcuda
+exec > >(tee -a "$OUT/session.log") 2>&1
+TOTAL_S=${TOTAL_S:-315}
+step() { echo; echo "=== $* ($(date +%T), ${SECONDS}s)"; }
+left() { local l=$((TOTAL_S - SECONDS)); [ $l -lt 1 ] && l=1; [ $l -lt $1 ] && echo $l || echo $1; }
+step machine
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader; nvcc --version | tail -1
+step "build (nvcc -Xptxas -v, sm_90)"
+timeout $(left 90) bash -c "cmake -S native -B /tmp/trcuda -G Ninja -DTR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 && ninja -C /tmp/trcuda" \
+  > "$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+grep -E "Compiling entry|registers|spill" "$OUT/build.log" | sed 's/ptxas info    : //' | paste - - - | cut -c1-220
+/tmp/trcuda/tr-sidecar --backends
+step "GPU tests (TR_REQUIRE_GPU=1)"
+TR_REQUIRE_GPU=1 timeout $(left 110) python3 -m pytest tests/test_batched_search.py tests/test_cuda_backend.py \
+    tests/test_sidecar.py -m gpu -q -p no:cacheprovider -ra 2>&1 | tee "$OUT/tests.log" | tail -15
+step "benchmark 768 (hot_latency.py --backend cuda)"
+timeout $(left 105) python3 benchmarks/hot_latency.py --backend cuda ${BENCH_ARGS:---dims 768 --rows 4096 100000 1000000} \
+    --json "$OUT/hot_latency_cuda.json" 2>&1 | tee "$OUT/bench.log" | grep -vE "^\s*$"
+step "gpu_sanitize.sh (memcheck + racecheck on the sidecar)"
+rm -rf /tmp/san; OUT=/tmp/san timeout $(left 75) bash benchmarks/gpu_sanitize.sh; echo "gpu_sanitize rc=$?"
+for f in /tmp/san/*.log; do echo "##### $f"; head -c 100000 "$f"; done > "$OUT/sanitizer.log" 2>/dev/null
+step "batched tests, all fused / none fused (time left: $((TOTAL_S - SECONDS))s)"
+for F in 16 0; do
+  [ $((TOTAL_S - SECONDS)) -gt 15 ] || { echo "no time left for TR_CUDA_FUSE_MAX=$F"; continue; }
+  echo "--- TR_CUDA_FUSE_MAX=$F"
+  TR_CUDA_FUSE_MAX=$F TR_REQUIRE_GPU=1 timeout $(left 60) python3 -m pytest tests/test_batched_search.py \
+      tests/test_cuda_backend.py -m gpu -q -x -p no:cacheprovider 2>&1 | tail -4
+done 2>&1 | tee "$OUT/variants.log"
+step done
