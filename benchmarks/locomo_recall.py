@@ -218,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--throughput-repeats", type=int, default=3)
     parser.add_argument("--search", nargs="+", choices=("vector", "hybrid"), default=["vector"],
                         help="hybrid (BM25 + vector fusion) needs --backend tiered")
+    parser.add_argument("--bm25-weight", type=float, default=None,
+                        help="weight of the BM25 ranking in the hybrid fusion (default: the library's)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -234,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     if "hybrid" in args.search and args.backend != "tiered":
         parser.error("--search hybrid needs --backend tiered (the BM25 index lives in the cold tier)")
+    if args.bm25_weight is not None:
+        import tiered_recall.storage.cold_store as cold_store
+
+        cold_store.HYBRID_BM25_WEIGHT = args.bm25_weight
     header = f"{'embedder':<28}{'template':<15}{'ctx':>4}{'mix':>6}{'search':>7}{'R@5':>7}{'R@10':>7}{'R@25':>7}  " + "  ".join(
         f"c{c} R@10" for c in CATEGORIES)
     print(header)
