@@ -265,6 +265,17 @@ class VectorMirror:
     def namespace_counts(self) -> dict[str, int]:
         return {ns: int(c) for ns, c in zip(self.namespaces, self._ns_live) if c}
 
+    def rows(self, ids: np.ndarray) -> dict:
+        """The live rows among ids, in the order asked (absent ids are left out), as recent() returns them."""
+        pos = self.positions_or_minus1(ids)
+        pos = pos[pos >= 0]
+        return {
+            "ids": self._ids[pos].copy(),
+            "vectors": self._vectors[pos].copy(),
+            "namespace": [self.namespaces[c] for c in self._ns_codes[pos].tolist()],
+            "created_at_us": self._created[pos].copy(),
+        }
+
     def recent(self, limit: int, namespace: str | None = None) -> dict:
         n = self._n
         rows = self.namespace_positions(namespace) if namespace is not None else np.flatnonzero(self._alive[:n])

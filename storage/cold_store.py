@@ -748,6 +748,24 @@ class ColdStore:
         counts = data.column("namespace").value_counts().to_pylist()
         return {c["values"]: int(c["counts"]) for c in counts}
 
+    def vectors_of(self, ids) -> dict:
+        """The stored rows among ids (absent ones left out), in the form recent() returns; served
+        from the in-memory mirror when it is loaded, so promoting rows to the hot tier reads no disk."""
+        self._check_open()
+        ids = check.check_ids(ids, allow_empty=True)
+        with self._lock:
+            self._check_open()
+            self._sync_locked()
+            if self._mirror is not None:
+                return self._mirror.rows(ids)
+        rows = [r for r in self.get(ids) if r is not None]
+        return {
+            "ids": np.array([r["id"] for r in rows], dtype=np.int64),
+            "vectors": np.stack([r["vector"] for r in rows]) if rows else np.empty((0, self._dim), np.float32),
+            "namespace": [r["namespace"] for r in rows],
+            "created_at_us": np.array([r["created_at_us"] for r in rows], dtype=np.int64),
+        }
+
     def recent(self, limit: int, *, namespace: str | None = None) -> dict:
         """Newest rows first (by created_at, then larger id): ids (n,) int64, vectors (n, dim) float32,
         namespace list[str], created_at_us (n,) int64. Used to warm the hot tier."""

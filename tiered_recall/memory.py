@@ -1001,12 +1001,10 @@ class TieredMemory:
         """Cold hits move into the hot tier (the policy makes room)."""
         if not ids:
             return
-        rows = [r for r in self.cold.get(ids) if r is not None]
-        if rows:
-            self._hot_call(lambda hot: self._place(
-                hot, np.array([r["id"] for r in rows], dtype=np.int64), np.stack([r["vector"] for r in rows]),
-                [r["namespace"] for r in rows], np.array([r["created_at_us"] for r in rows], dtype=np.int64),
-                promoted=True))
+        rows = self.cold.vectors_of(ids)
+        if len(rows["ids"]):
+            self._hot_call(lambda hot: self._place(hot, rows["ids"], rows["vectors"], rows["namespace"],
+                                                    rows["created_at_us"], promoted=True))
 
     def _promote_namespace(self, namespace: str) -> None:
         """Loads every row of a namespace the policy keeps whole into the hot tier (when it fits)."""
