@@ -321,7 +321,7 @@ class TieredMemory:
         if self.device == "none" or self._closed:
             return None
         if self._hot is not None:
-            if self._hot.alive():
+            if self._hot.serving():  # a dead sidecar shows up as SidecarUnavailable on the next call
                 return self._hot
             self._drop_hot("the sidecar stopped")
         if time.monotonic() < self._next_hot_try:

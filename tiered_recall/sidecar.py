@@ -391,9 +391,15 @@ class HotTier:
         return int(self._header.owner_pid)
 
     def alive(self) -> bool:
+        """The sidecar says it serves and its process exists (a syscall and a /proc read)."""
         from ._proc import pid_alive
 
-        return self._mm is not None and self._header.state == L.SERVER_READY and pid_alive(self.owner_pid)
+        return self.serving() and pid_alive(self.owner_pid)
+
+    def serving(self) -> bool:
+        """The segment's state word says READY: one memory read, cheap enough for every request. A
+        sidecar killed outright still reads READY; its next request then fails with SidecarUnavailable."""
+        return self._mm is not None and self._header.state == L.SERVER_READY
 
     def stats(self) -> dict:
         h = self._header
