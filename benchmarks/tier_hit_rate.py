@@ -33,6 +33,9 @@ and LanceDB cold tier, once per (policy, rule set, hot capacity), each run in a 
   time order (conversations interleaved session by session); each question is asked right after
   the session holding its last evidence turn, and again at the end. WordLlama embeddings.
 
+Policies: lru, lfu, recency, lfu+pin, namespace, and namespace+new (the namespace policy with a
+reserve of --new-share of the hot capacity for recently written small namespaces; not run by default).
+
 Per run: the share of searches answered without the cold tier (rule complete / bound / threshold),
 recall@10 against exact search over all memories of the namespace, latency p50/p99 per path, and
 rows moved between tiers (inserted, promoted, evicted). The synthetic searches are also reported for
@@ -225,10 +228,14 @@ def locomo(path: Path, *, tau: float = 0.5, max_conversations: int | None = None
 
 # ---- replay -------------------------------------------------------------------------------
 
+NEW_SHARE = [0.3]  # --new-share: the namespace+new policy's reserve for new rows (share of the capacity)
+
+
 def make_policy(name: str, pin: list[str]):
     return {"lru": lambda: LRU(), "lfu": lambda: LFU(half_life=2000), "recency": lambda: RecencyWindow(),
             "lfu+pin": lambda: LFU(half_life=2000, pin_namespaces=pin),
-            "namespace": lambda: NamespacePolicy(half_life=2000)}[name]()
+            "namespace": lambda: NamespacePolicy(half_life=2000),
+            "namespace+new": lambda: NamespacePolicy(half_life=2000, new_share=NEW_SHARE[0])}[name]()
 
 
 RULE_SETS = {"complete": (("complete",), None), "complete+bound": (("complete", "bound"), None),
@@ -439,8 +446,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--main-share", type=float, default=0.10, help="synthetic capacity for the rule comparison")
     ap.add_argument("--locomo-main-share", type=float, default=0.25)
     ap.add_argument("--locomo-shares", nargs="+", type=float, default=[0.10, 0.25, 0.50])
+    ap.add_argument("--new-share", type=float, default=NEW_SHARE[0],
+                    help="policy namespace+new: share of the hot capacity reserved for the newest rows of "
+                         "namespaces not kept whole")
     ap.add_argument("--out", default=str(REPO / "results" / "tier_hit_rate"))
     args = ap.parse_args(argv)
+    NEW_SHARE[0] = args.new_share
     if args.quick:
         args.namespaces, args.preload, args.writes, args.reads = 200, 2000, 150, 600
     out = Path(args.out)

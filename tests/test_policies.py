@@ -229,10 +229,12 @@ def test_namespace_policy_with_pinning(open_memory):
     assert memory.stats()["hot_rows"] <= 10
 
 
-def test_namespace_policy_is_exact_across_adds_deletes_and_evictions(open_memory):
+@pytest.mark.parametrize("new_share", [0.0, 0.3])
+def test_namespace_policy_is_exact_across_adds_deletes_and_evictions(open_memory, new_share):
     rng = np.random.default_rng(10)
     cap = 40
-    memory = open_memory(hot_capacity=cap, policy=NamespacePolicy(half_life=200), rules=("complete", "bound"))
+    memory = open_memory(hot_capacity=cap, policy=NamespacePolicy(half_life=200, new_share=new_share),
+                         rules=("complete", "bound"))
     names = [f"n{i}" for i in range(8)]
     weight = np.array([8, 6, 4, 3, 2, 1, 1, 1], dtype=np.float64)
     weight /= weight.sum()
@@ -286,3 +288,65 @@ def test_namespace_policy_validation():
     assert p.chosen(1, 10) == {"a"} and p.whole_namespace("a", 1, 10) and not p.whole_namespace("c", 1, 10)
     p.set_sizes({"a": 0})
     assert p.chosen(1, 10) == set()
+
+
+@pytest.mark.parametrize("new_share", [0.0, 0.25])
+def test_namespace_policy_reserve_keeps_small_new_namespaces_complete_for_their_first_read(open_memory, new_share):
+    rng = np.random.default_rng(11)
+    memory = open_memory(hot_capacity=20, policy=NamespacePolicy(half_life=10_000, new_share=new_share),
+                         rules=("complete",))
+    assert memory.policy.reserve(20) == int(new_share * 20)
+    xa, xb = unit_rows(rng, 6), unit_rows(rng, 5)
+    memory.add(["m"] * 6, vectors=xa, ids=list(range(6)), namespace="a", created_at=1_600_000_000.0)
+    memory.add(["m"] * 5, vectors=xb, ids=list(range(10, 15)), namespace="b", created_at=1_600_000_000.0)
+    for _ in range(2):
+        memory.search(xa[0], k=2, namespace="a")
+        memory.search(xb[0], k=2, namespace="b")
+    assert memory.policy.chosen(memory._tick, 20) == {"a", "b"}  # 11 rows, within 20 - reserve
+    add_one_by_one(memory, unit_rows(rng, 12), range(100, 112), namespace="big")  # fills the room left
+    assert memory.stats()["hot_rows"] == 20
+    fresh, fresh2, fresh3 = unit_rows(rng, 2), unit_rows(rng, 3), unit_rows(rng, 2)
+    memory.add(["m"] * 2, vectors=fresh, ids=[200, 201], namespace="fresh", created_at=1_700_001_000.0)
+    admitted = hot_ids(memory, [200, 201])
+    if new_share == 0.0:  # no reserve: a never-read namespace finds no room in a tier full of better rows
+        assert admitted == set()
+        assert memory.search(fresh[0], k=2, namespace="fresh", explain=True).rule == "cold"
+        return
+    assert admitted == {200, 201}, "the reserve admits a small new namespace whole"
+    add_one_by_one(memory, unit_rows(rng, 3), range(112, 115), namespace="big", t0=1_700_001_100.0)
+    assert hot_ids(memory, [200, 201]) == {200, 201}, "an incomplete namespace's rows leave before the reserve's"
+    memory.add(["m"] * 3, vectors=fresh2, ids=[300, 301, 302], namespace="fresh2", created_at=1_700_002_000.0)
+    assert hot_ids(memory, [200, 201, 300, 301, 302]) == {200, 201, 300, 301, 302}  # 2 + 3 fill the 5
+    memory.add(["m"] * 2, vectors=fresh3, ids=[400, 401], namespace="fresh3", created_at=1_700_003_000.0)
+    # eviction order: rows outside the reserve (big, incomplete; then fresh, the oldest namespace that
+    # no longer fits the reserve), then the reserve oldest first, then the chosen namespaces
+    order = memory._hotset.victims(memory.policy, 20, memory._tick)
+    big_hot = hot_ids(memory, range(100, 115))
+    assert len(order) == 20 and set(order[:len(big_hot) + 2]) == big_hot | {200, 201}  # by age among them
+    rest = order[len(big_hot) + 2:]
+    assert rest[:5] == [300, 301, 302, 400, 401] and set(rest[5:]) == set(range(6)) | set(range(10, 15))
+    add_one_by_one(memory, unit_rows(rng, 4), range(115, 119), namespace="big", t0=1_700_003_100.0)
+    assert hot_ids(memory, [300, 301, 302, 400, 401]) == {300, 301, 302, 400, 401}
+    # first reads of the namespaces the reserve holds are answered by rule 1, exactly
+    for x, ids, ns in ((fresh3, [400, 401], "fresh3"), (fresh2, [300, 301, 302], "fresh2")):
+        report = memory.search(x[0], k=2, namespace=ns, explain=True)
+        assert report.rule == "complete" and report.hits[0].id == ids[0]
+        assert {h.id for h in report.hits} == set(ids[:2]) and all(h.tier == "hot" for h in report.hits)
+    assert memory.search(fresh[0], k=2, namespace="fresh", explain=True).rule == "cold"
+    # the chosen namespaces were never touched
+    assert hot_ids(memory, range(6)) == set(range(6)) and hot_ids(memory, range(10, 15)) == set(range(10, 15))
+    stats = memory.stats()
+    assert stats["hot_rows"] <= 20 and stats["rows_moved"]["sidecar_evicted"] == 0
+    assert stats["policy"] == "namespace(half_life=10000, new_share=0.25)"
+
+
+def test_namespace_policy_new_share_validation():
+    for bad in (-0.1, 1.0, 1.5, True, "0.2", None):
+        with pytest.raises(InvalidInput):
+            NamespacePolicy(new_share=bad)
+    p = NamespacePolicy(new_share=0.3)
+    p.set_sizes({"a": 3, "b": 8})
+    p.observe("a", 1)
+    p.observe("b", 1)
+    assert p.reserve(10) == 3 and p.chosen(1, 10) == {"a"}, "the reserve leaves 7 rows: b (8) no longer fits"
+    assert NamespacePolicy().reserve(10) == 0 and NamespacePolicy().chosen(0, 10) == set()

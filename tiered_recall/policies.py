@@ -10,11 +10,16 @@ namespaces are never evicted.
     RecencyWindow(rows_per_namespace=None)   newest rows by created_at; with rows_per_namespace,
                                        also at most that many rows of any one namespace;
                                        cold hits are not promoted (they would be evicted first)
-    NamespacePolicy(half_life=1000)    whole namespaces: keeps complete namespaces hot (so skip rule 1
+    NamespacePolicy(half_life=1000, new_share=0.0)
+                                       whole namespaces: keeps complete namespaces hot (so skip rule 1
                                        answers them exactly), chosen greedily by reads per row (reads
-                                       age like LFU counts) within the capacity left after pinning; a
-                                       cold-path search of a chosen namespace loads all of it; other
-                                       namespaces keep their newest rows in what room is left
+                                       age like LFU counts) within the capacity left after pinning and
+                                       the new-row reserve; a cold-path search of a chosen namespace
+                                       loads all of it; other namespaces keep their newest rows in what
+                                       room is left; new_share (0 <= new_share < 1) of the capacity is
+                                       reserved for the most recently written small namespaces that
+                                       are complete in the hot tier though not chosen (oldest leave
+                                       first), so they are complete at their first read
 
 Each policy takes pin_namespaces=... and pin_ids=...; TieredMemory.pin / unpin change them later.
 Policy state is per process (see TieredMemory): with several writers the sidecar's LRU may evict.
@@ -134,17 +139,31 @@ class NamespacePolicy(Policy):
     complete loads the whole namespace (the disk was read anyway); single cold hits are not
     promoted. Totals per namespace come from the coordinator (set_sizes), the same counts the
     sidecar publishes; whether a namespace is complete is always the sidecar's hot == total check.
+
+    new_share: the share of the capacity (0 <= new_share < 1; default 0, no reserve) kept for
+    namespaces that were written recently but never (or not enough) read. With R = floor(new_share
+    * capacity) the chosen namespaces are picked within capacity - pinned - R; of the namespaces
+    that are not chosen (nor pinned) and are complete in the hot tier, the reserve keeps the most
+    recently written ones (by their newest hot row, greedily, skipping any that does not fit in
+    what is left of R). Their rows rank above every other row that is not chosen and below the
+    chosen ones, oldest first. New rows that make their namespace complete and that namespace is at
+    most R rows always enter (displacing rows outside the reserve first, then the reserve's oldest);
+    other new rows follow the admission rule above. A small namespace written recently is then
+    complete when it is first read, before any read history could choose it.
     """
 
     name = "namespace"
     promote = False
     admission = True
 
-    def __init__(self, *, half_life: float = 1000.0, **kw) -> None:
+    def __init__(self, *, half_life: float = 1000.0, new_share: float = 0.0, **kw) -> None:
         super().__init__(**kw)
         if isinstance(half_life, bool) or not isinstance(half_life, (int, float)) or not half_life > 0:
             raise InvalidInput(f"half_life must be > 0 ticks, got {half_life!r}")
+        if isinstance(new_share, bool) or not isinstance(new_share, (int, float)) or not 0 <= new_share < 1:
+            raise InvalidInput(f"new_share must be a share of the capacity in [0, 1), got {new_share!r}")
         self.half_life = float(half_life)
+        self.new_share = float(new_share)
         self.heat: dict[str, tuple[float, int]] = {}  # namespace -> (read count, tick it was last aged to)
         self.sizes: dict[str, int] = {}
         self._version = 0
@@ -172,12 +191,17 @@ class NamespacePolicy(Policy):
         count, at = self.heat.get(namespace, (0.0, now))
         return count * 2.0 ** (-(now - at) / self.half_life) / max(1, self.sizes.get(namespace, 1))
 
+    def reserve(self, capacity: int) -> int:
+        """Rows of a hot tier of this capacity kept for recently written namespaces that are not chosen."""
+        return int(self.new_share * capacity)
+
     def _plan(self, now: int, capacity: int) -> tuple[set[str], dict[str, int]]:
         """(chosen namespaces, rank per namespace: higher is evicted later; unknown namespaces rank 0)."""
         c = self._cached
         if c is not None and c[:3] == (now, capacity, self._version):
             return c[3], c[4]
-        budget = capacity - len(self.pinned_ids) - sum(self.sizes.get(ns, 0) for ns in self.pinned_namespaces)
+        budget = capacity - len(self.pinned_ids) - sum(self.sizes.get(ns, 0) for ns in self.pinned_namespaces) \
+            - self.reserve(capacity)
         dens = {ns: self.density(ns, now) for ns in self.heat}
         chosen: set[str] = set()
         for ns in sorted(dens, key=lambda n: (-dens[n], self.sizes.get(n, 0), n)):
@@ -199,13 +223,42 @@ class NamespacePolicy(Policy):
         return set(self._plan(now, capacity)[0])
 
     def priority(self, table, rows, now):
-        _, ranks = self._plan(now, table.capacity)
-        ns_rank = np.array([ranks.get(table.namespace[s], 0) for s in rows], dtype=np.float64)
+        chosen, ranks = self._plan(now, table.capacity)
+        names = [table.namespace[s] for s in rows]
+        ns_rank = np.array([ranks.get(ns, 0) for ns in names], dtype=np.float64)
         created = table.created_us[rows]
         order = np.lexsort((table.ids[rows], created))  # oldest first, ties by id
         frac = np.empty(len(rows), dtype=np.float64)
         frac[order] = np.arange(len(rows)) / max(1, len(rows))
+        reserve = self.reserve(table.capacity)
+        if reserve > 0 and len(rows):
+            # ranks are consecutive ints, chosen namespaces above the others: lift the chosen ones by
+            # one and put the reserve in the gap, oldest first within it
+            is_chosen = np.array([ns in chosen for ns in names], dtype=bool)
+            kept = self._reserved(table, [names[j] for j in order[::-1] if not is_chosen[j]], reserve)
+            if kept:
+                top_other = max((r for ns, r in ranks.items() if ns not in chosen), default=0)
+                ns_rank[is_chosen] += 1.0
+                ns_rank[np.array([ns in kept for ns in names], dtype=bool)] = top_other + 1.0
         return ns_rank + 0.5 * frac
+
+    def _reserved(self, table, newest_first: list, reserve: int) -> set:
+        """The namespaces the reserve keeps: complete in the hot tier, taken greedily by their newest
+        row (newest first), skipping any that does not fit in what is left of the reserve."""
+        kept: set[str] = set()
+        seen: set[str] = set()
+        budget = reserve
+        for ns in newest_first:
+            if ns in seen:
+                continue
+            seen.add(ns)
+            total = self.sizes.get(ns, 0)
+            if 0 < total <= budget and table.per_namespace.get(ns, 0) == total:
+                kept.add(ns)
+                budget -= total
+                if budget == 0:
+                    break
+        return kept
 
     def whole_namespace(self, namespace, now, capacity):
         return namespace not in self.pinned_namespaces and namespace in self._plan(now, capacity)[0]
@@ -218,9 +271,15 @@ class NamespacePolicy(Policy):
         mine = ranks.get(namespace, 0)
         lower = sum(n for ns, n in table.per_namespace.items()
                     if ns not in self.pinned_namespaces and (ranks.get(ns, 0) < mine or ns == namespace))
-        return max(0, min(m, free + lower))
+        room = free + lower
+        total = self.sizes.get(namespace, 0)
+        if table.per_namespace.get(namespace, 0) + m == total <= self.reserve(table.capacity):
+            room = max(room, m)  # the rows complete a namespace small enough for the reserve
+        return max(0, min(m, room))
 
     def describe(self) -> str:
+        if self.new_share:
+            return f"namespace(half_life={self.half_life:g}, new_share={self.new_share:g})"
         return f"namespace(half_life={self.half_life:g})"
 
 
