@@ -20,6 +20,8 @@ import numpy as np
 
 from tiered_recall.sidecar import HotTier, start_sidecar
 
+from hot_latency import time_calls  # same timing loop as the CPU benchmark (benchmarks/ is on sys.path)
+
 TARGET_US = {(4096, 768): 17.0, (100_000, 768): 60.0, (1_000_000, 768): 460.0}
 
 
@@ -34,17 +36,6 @@ def stats(samples_ns: list[int]) -> dict:
     a = np.asarray(samples_ns, dtype=np.float64) / 1e3
     return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
             "mean_us": float(a.mean()), "n": int(a.size)}
-
-
-def time_calls(fn, queries: np.ndarray, warmup: int) -> list[int]:
-    for q in queries[:warmup]:
-        fn(q)
-    out = []
-    for q in queries:
-        t0 = time.perf_counter_ns()
-        fn(q)
-        out.append(time.perf_counter_ns() - t0)
-    return out
 
 
 def copy_bandwidth(torch) -> float:

@@ -338,7 +338,7 @@ class TieredMemory:
                                   backend=self._backend(), exit_when_orphaned_s=self.orphan_grace_s, detach=True)
                     hot = HotTier.attach(self.sidecar_name, dim=self.dim, timeout_s=self.timeout_s)
                     started = True
-                if started or hot.stats()["hot_rows"] == 0:
+                if started or hot.hot_rows == 0:
                     self._warm(hot)
                 self._hotset = HotSet(self.dim, hot.capacity)
                 self._resync(hot)
@@ -833,7 +833,7 @@ class TieredMemory:
     def _hot_is_complete(self, hot: HotTier, namespace: str | None) -> bool:
         """Rule 1: the hot tier holds every memory of the namespace (every process sees the same counts)."""
         if namespace is None:
-            return hot.stats()["hot_rows"] == self.cold.count() and not self._backlog
+            return hot.hot_rows == self.cold.count() and not self._backlog
         hot_rows, total_rows = hot.namespace_rows(namespace_hash(namespace))
         return hot_rows == total_rows and not self._backlog
 
@@ -1033,7 +1033,7 @@ class TieredMemory:
             "dim": self.dim,
             "embedder": self.embedder.name if self.embedder is not None else None,
             "cold_rows": int(self.cold.count()),
-            "hot_rows": int(hot.stats()["hot_rows"]) if hot is not None else 0,
+            "hot_rows": hot.hot_rows if hot is not None else 0,
             "hot_capacity": int(hot.capacity) if hot is not None else 0,
             "hot_backend": hot.backend if hot is not None else None,
             "hot_error": self._hot_error if hot is None else None,

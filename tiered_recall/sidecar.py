@@ -387,6 +387,11 @@ class HotTier:
         return {int(e["ns_hash"]): (int(e["hot_rows"]), int(e["total_rows"])) for e in used}
 
     @property
+    def hot_rows(self) -> int:
+        """Rows in the hot tier now, read straight from the segment header."""
+        return int(self._header.hot_rows)
+
+    @property
     def owner_pid(self) -> int:
         return int(self._header.owner_pid)
 
