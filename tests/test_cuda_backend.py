@@ -7,6 +7,8 @@ garbage instead of a stale, plausible answer.
 """
 from __future__ import annotations
 
+import re
+import time
 import uuid
 
 import numpy as np
@@ -162,3 +164,60 @@ def test_empty_tier_and_absent_namespace(pair):
     assert got.hits == 0 and np.all(got.ids == -1)
     got = cuda.search(q, k=7, namespace_hash=5)
     assert got.hits == 7
+
+
+def test_persistent_kernel_serves_pauses_for_writes_and_resumes_after_idle(monkeypatch):
+    """f16, k <= 64: searches go to the persistent kernel (no launch); a write, or a search that must
+    be launched (more than 16 queries, k > 64), stops it first (they need its stream), an idle
+    sidecar stops it, and the first search after any of these answers like the CPU reference. The sidecar's log (TR_CUDA_VERBOSE=1) counts the batches each run of
+    the kernel answered, so a silent fall-back to launching per request fails this test."""
+    monkeypatch.setenv("TR_CUDA_POISON", "1")
+    monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
+    rng = np.random.default_rng(21)
+    dim, n = 256, 5000
+    procs, tiers = [], []
+    try:
+        for backend in ("cuda", "cpu"):
+            name = f"t-{uuid.uuid4().hex[:12]}"
+            # idle after 300 ms: the checks between searches never idle the server, the sleeps do
+            procs.append(start_sidecar(name, dim=dim, capacity=2 * n, dtype="f16", backend=backend,
+                                       idle_spin_us=300_000))
+            tiers.append(HotTier.attach(name))
+        cuda, cpu = tiers
+        x = unit_rows(rng, n, dim)
+        ids = np.arange(1, n + 1, dtype=np.int64)
+        for t in tiers:
+            t.upsert(ids, x, NS[ids % 3])
+        searches = 0
+        for rnd in range(3):
+            for i in range(20):
+                q = unit_rows(rng, 1 + (i % 4) * 3, dim)  # 1, 4, 7, 10 queries: fused and parallel merges
+                want = int(NS[i % 3]) if i % 2 else None
+                assert_same(cuda.search(q, k=10, namespace_hash=want, touch=False),
+                            cpu.search(q, k=10, namespace_hash=want, touch=False), 10, 2e-3)
+                searches += 1
+                if i == 5:  # more than 16 queries, then k > 64: launched per request, the kernel stops first
+                    for nq, k in ((20, 10), (1, 100)):
+                        q = unit_rows(rng, nq, dim)
+                        assert_same(cuda.search(q, k=k, touch=False), cpu.search(q, k=k, touch=False), k, 2e-3)
+                if i == 9:  # a write while the kernel runs
+                    new_ids = np.arange(1, 41, dtype=np.int64) + 10_000 * (rnd + 1)
+                    new_x = unit_rows(rng, 40, dim)
+                    for t in tiers:
+                        t.upsert(new_ids, new_x, NS[0])
+                    got = cuda.search(new_x[0], k=1, touch=False)
+                    assert got.ids[0, 0] == new_ids[0], "a search after a write sees the new row"
+                    searches += 1
+            time.sleep(0.6)  # > idle_spin_us: the server sleeps and the kernel stops
+        log = procs[0].log()
+        assert "persistent kernel on" in log, log
+        assert "cannot start" not in log, log
+        stops = re.findall(r"persistent kernel stopped \((\w+)\) after (\d+) batches", log)
+        reasons = {why for why, _ in stops}
+        assert {"idle", "write", "launch"} <= reasons, log
+        assert sum(int(b) for _, b in stops) == searches, log
+    finally:
+        for t in tiers:
+            t.close()
+        for p in procs:
+            p.stop()

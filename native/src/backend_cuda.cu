@@ -1,5 +1,9 @@
 /* The CUDA backend: hot vectors in device memory (f16 or f32), exact top-k in one fused pass.
  *
+ * Search paths: batches of up to TR_BQ_MAX f16 queries with k <= TR_BQ_MAX_K go to the persistent
+ * kernel while it runs (persist_kernel, below: no launch per request); everything else, and every
+ * search when TR_CUDA_PERSIST=0, is launched per batch (batch_scan_kernel) or per query:
+ *
  * Search path (launch per request, host thread drives it):
  *   - the query (unit-normalised f32, already checked by the server) travels inside the kernel's
  *     parameters when dim <= TR_CUDA_INLINE_DIM (no copy at all); larger dims or several queries
@@ -22,10 +26,12 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "tiered_recall/layout.h"
@@ -481,13 +487,14 @@ __device__ unsigned warp_select(float *s, long long *id, unsigned n, unsigned k)
 __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
                             unsigned &mcnt, float &mthr, float *wmax);
 
-/* FUSE: the last block to finish (device-scope ticket in p.done, fences on both sides) merges
- * every query's lists itself, so a small batch is one launch. */
-template <int NT, int INL, int FUSE>
-__global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
-batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__ BatchInline<INL ? TR_BQ_INLINE : 1> qin) {
+/* One block's share of a batched scan (block blk of G): stages the queries (qsrc: kernel parameters,
+ * or device memory read through L2 when q_l2, as the persistent kernel's queries are rewritten
+ * between requests), scores its run of rows and leaves its sorted top-k per query in the partial
+ * lists. bsm: the dynamic shared memory (batch_smem). */
+template <int NT>
+__device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q_l2, unsigned blk, unsigned G,
+                                 uint4 *bsm) {
     constexpr unsigned QR = NT * 8;
-    extern __shared__ uint4 bsm[];
     uint4 *sq = bsm;                                                   /* QR x qstride */
     long long *cid = reinterpret_cast<long long *>(bsm + QR * p.qstride); /* QR x CB */
     float *cs = reinterpret_cast<float *>(cid + QR * TR_BQ_CB);          /* QR x CB */
@@ -498,7 +505,7 @@ batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__
     for (unsigned i = tid; i < QR * p.qstride; i += blockDim.x) {
         const unsigned r = i / p.qstride, c = i - r * p.qstride;
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < p.nq && c < p.nvec) v = INL ? qin.v[r * p.nvec + c] : p.q[r * p.nvec + c];
+        if (r < p.nq && c < p.nvec) v = q_l2 ? __ldcg(qsrc + r * p.nvec + c) : qsrc[r * p.nvec + c];
         sq[i] = v;
     }
     if (tid < QR) {
@@ -508,7 +515,7 @@ batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__
     __syncthreads();
 
     const unsigned warp = tid >> 5, lane = tid & 31u, g = lane >> 2, t = lane & 3u;
-    const unsigned long long start = (unsigned long long)blockIdx.x * p.rows_per_block;
+    const unsigned long long start = (unsigned long long)blk * p.rows_per_block;
     unsigned long long end = start + p.rows_per_block;
     if (end > p.rows) end = p.rows;
     for (unsigned long long base = start; base < end; base += TR_BQ_ROUND) {
@@ -582,16 +589,26 @@ batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__
         }
         __syncthreads();
     }
-    const unsigned G = gridDim.x;
     for (unsigned qi = warp; qi < p.nq; qi += TR_CUDA_WARPS) {
         const unsigned m = warp_select(cs + qi * TR_BQ_CB, cid + qi * TR_BQ_CB, cnt[qi], p.bq[qi].k);
-        const size_t o = ((size_t)qi * G + blockIdx.x) * TR_BQ_MAX_K;
+        const size_t o = ((size_t)qi * G + blk) * TR_BQ_MAX_K;
         for (unsigned j = lane; j < m; j += 32) {
             p.part_s[o + j] = cs[qi * TR_BQ_CB + j];
             p.part_id[o + j] = cid[qi * TR_BQ_CB + j];
         }
-        if (lane == 0) p.part_n[(size_t)qi * G + blockIdx.x] = m;
+        if (lane == 0) p.part_n[(size_t)qi * G + blk] = m;
     }
+}
+
+/* FUSE: the last block to finish (device-scope ticket in p.done, fences on both sides) merges
+ * every query's lists itself, so a small batch is one launch. */
+template <int NT, int INL, int FUSE>
+__global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
+batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__ BatchInline<INL ? TR_BQ_INLINE : 1> qin) {
+    extern __shared__ uint4 bsm[];
+    const unsigned tid = threadIdx.x;
+    const unsigned G = gridDim.x;
+    batch_scan_block<NT>(p, INL ? qin.v : p.q, false, blockIdx.x, G, bsm);
     if (!FUSE) return;
     __shared__ bool is_last;
     __shared__ unsigned mcnt;
@@ -695,6 +712,166 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* persistent search kernel: no launch on the hot path                                          */
+/*
+ * One cooperative launch keeps TR_CUDA_BLOCK-thread blocks resident on every SM. The host (the
+ * server thread, after it has checked and normalised the requests as for a launch) writes a batch
+ * of up to TR_BQ_MAX f16 queries and their parameters into a pinned, mapped mailbox and then one
+ * word: seq << 8 | nq. Block 0 polls that word over PCIe, copies the batch into device memory and
+ * raises ctl->go; every other block polls go in L2. Every block takes part in every batch (the
+ * first G scan their share of rows, the others only take a ticket), so a batch cannot finish while
+ * any block still reads the previous one. The last block to take its ticket merges (up to
+ * TR_BQ_FUSE_MAX queries, or when there are fewer scanning blocks than queries), or releases blocks
+ * 0..nq-1 to merge one query each; results go straight into the requests' slots (registered
+ * segment) and, after a system-scope fence, the batch's seq into mb->done_seq, which the host polls.
+ * nq = 0 stops the kernel: the host sends it before any write to the rows and when the server goes
+ * to sleep, so an idle store does not keep the GPU spinning, and the next search launches it again.
+ */
+#define TR_PERSIST_SEQ_MASK 0xFFFFFFu /* seq lives in the top 24 bits of the mailbox word; 0 is never used */
+
+struct alignas(16) PersistReq {
+    unsigned nq, G, profile, pad1;     /* profile: stamp the stages into mb->stamp (TR_CUDA_PROFILE=1) */
+    BatchParams p;
+};
+
+struct PersistMailbox {
+    alignas(128) unsigned word;        /* host -> device: seq << 8 | nq (nq = 0: stop) */
+    alignas(128) unsigned done_seq;    /* device -> host: the last seq answered */
+    unsigned hits[TR_BQ_MAX];          /* device -> host: hits per query of that batch */
+    unsigned long long stamp[4];       /* device -> host (profile): %globaltimer at word seen, go, last
+                                        * ticket, done */
+    alignas(128) PersistReq req;       /* host -> device */
+    /* then TR_BQ_MAX x nvec uint4 of f16 queries (persist_query_area) */
+};
+
+struct PersistCtl {                    /* device memory, zeroed before each launch */
+    unsigned go;                       /* seq of the batch copied into dreq/dq */
+    unsigned ticket;                   /* scan tickets (atomicInc wraps it back to 0) */
+    unsigned merge_go;                 /* seq whose per-query merges may start */
+    unsigned merge_ticket;
+};
+
+__host__ __device__ inline unsigned persist_next_seq(unsigned s) {
+    return (s & TR_PERSIST_SEQ_MASK) == TR_PERSIST_SEQ_MASK ? 1u : (s & TR_PERSIST_SEQ_MASK) + 1u;
+}
+
+__device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *a) {
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *a) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_gpu(unsigned *a, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_sys(unsigned *a, unsigned v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
+persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl, unsigned seq, unsigned nvec) {
+    extern __shared__ uint4 bsm[];
+    __shared__ PersistReq sreq;
+    __shared__ unsigned s_word;
+    __shared__ bool is_last;
+    __shared__ unsigned mcnt;
+    __shared__ float mthr;
+    __shared__ float wmax[TR_CUDA_WARPS];
+    const unsigned tid = threadIdx.x, blk = blockIdx.x, nblocks = gridDim.x;
+    const uint4 *mq = reinterpret_cast<const uint4 *>(mb + 1);
+    constexpr unsigned NREQ = sizeof(PersistReq) / sizeof(uint4);
+    unsigned long long t_seen = 0;
+    for (;;) {
+        seq = persist_next_seq(seq);
+        if (blk == 0) {
+            if (tid == 0) {
+                unsigned w;
+                while (((w = ld_acquire_sys(&mb->word)) >> 8) != seq) {
+                }
+                s_word = w;
+                t_seen = global_ns();
+            }
+            __syncthreads();
+            __threadfence_system();
+            const unsigned nq = s_word & 0xFFu;
+            const uint4 *src = reinterpret_cast<const uint4 *>(&mb->req);
+            for (unsigned i = tid; i < NREQ; i += blockDim.x) reinterpret_cast<uint4 *>(dreq)[i] = __ldcv(src + i);
+            for (unsigned i = tid; i < nq * nvec; i += blockDim.x) dq[i] = __ldcv(mq + i);
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                if (__ldcg(&dreq->profile)) {
+                    mb->stamp[0] = t_seen;
+                    mb->stamp[1] = global_ns();
+                }
+                st_release_gpu(&ctl->go, seq);
+            }
+        } else {
+            if (tid == 0)
+                while (ld_acquire_gpu(&ctl->go) != seq) __nanosleep(32);
+            __syncthreads();
+        }
+        for (unsigned i = tid; i < NREQ; i += blockDim.x)
+            reinterpret_cast<uint4 *>(&sreq)[i] = __ldcg(reinterpret_cast<const uint4 *>(dreq) + i);
+        __syncthreads();
+        const unsigned nq = sreq.nq, G = sreq.G;
+        if (nq == 0) return; /* stop */
+        const BatchParams &p = sreq.p;
+        if (blk < G) {
+            if (nq <= 8) batch_scan_block<1>(p, dq, true, blk, G, bsm);
+            else batch_scan_block<2>(p, dq, true, blk, G, bsm);
+        }
+        __threadfence(); /* this block's lists are visible device-wide before its ticket */
+        __syncthreads();
+        if (tid == 0) is_last = atomicInc(&ctl->ticket, nblocks - 1) == nblocks - 1;
+        __syncthreads();
+        const bool parallel = nq > TR_BQ_FUSE_MAX && nq <= G;
+        long long *mid = reinterpret_cast<long long *>(bsm); /* the merge aliases the scan's buffers */
+        float *ms = reinterpret_cast<float *>(mid + TR_BQ_MCB);
+        if (is_last) {
+            __threadfence(); /* acquire: every block's lists */
+            if (tid == 0 && sreq.profile) mb->stamp[2] = global_ns();
+            if (!parallel) {
+                for (unsigned qi = 0; qi < nq; qi++) merge_query(p, G, qi, ms, mid, mcnt, mthr, wmax);
+                __threadfence_system(); /* results and hits reach the host before done_seq */
+                __syncthreads();
+                if (tid == 0) {
+                    if (sreq.profile) mb->stamp[3] = global_ns();
+                    st_release_sys(&mb->done_seq, seq);
+                }
+            } else if (tid == 0) {
+                st_release_gpu(&ctl->merge_go, seq);
+            }
+        }
+        if (parallel && blk < nq) {
+            if (tid == 0)
+                while (ld_acquire_gpu(&ctl->merge_go) != seq) __nanosleep(32);
+            __syncthreads();
+            __threadfence();
+            merge_query(p, G, blk, ms, mid, mcnt, mthr, wmax);
+            __threadfence_system();
+            __syncthreads();
+            if (tid == 0 && atomicInc(&ctl->merge_ticket, nq - 1) == nq - 1) {
+                __threadfence_system();
+                if (sreq.profile) mb->stamp[3] = global_ns();
+                st_release_sys(&mb->done_seq, seq);
+            }
+        }
+        __syncthreads(); /* sreq and the shared buffers are reused by the next batch */
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* host side                                                                                   */
 
 typedef struct cuda_backend {
@@ -748,10 +925,28 @@ typedef struct cuda_backend {
     int pending_copy;      /* some results went to the pinned buffer: copy them out when done */
     tr_search_request *preqs;
     uint32_t pn;
+    /* persistent kernel (f16 rows; TR_CUDA_PERSIST=0 turns it off) */
+    int persist_ok;        /* built and allowed */
+    int persist_running;
+    int persist_pending;   /* the batch in flight went to the persistent kernel */
+    unsigned pgrid;        /* resident blocks */
+    size_t psmem;
+    unsigned pseq;         /* last seq sent (24 bits, never 0) */
+    uint32_t ppolls;
+    unsigned long long pbatches; /* answered by the running kernel (TR_CUDA_VERBOSE=1 logs it at each stop) */
+    int profile;                 /* TR_CUDA_PROFILE=1: mean stage times logged at each stop */
+    unsigned long long psubmit_ns, prof_n, prof_sum[5]; /* host submit->done seen; kernel stages */
+    int verbose;
+    PersistMailbox *pmb;   /* pinned, mapped */
+    PersistMailbox *pmb_dev;
+    PersistReq *pdreq;     /* device copies of the batch */
+    uint4 *pdq;
+    PersistCtl *pctl;
 } cuda_backend;
 
 static void cuda_destroy(void *self);
 static size_t batch_smem(const cuda_backend *b, int nt);
+static int persist_stop(cuda_backend *b, const char *why, char *err, size_t errlen);
 
 static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen) {
     cuda_backend *b = (cuda_backend *)calloc(1, sizeof *b);
@@ -875,6 +1070,38 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         TR_SET_SMEM(1, 0, 1, sm1); TR_SET_SMEM(1, 1, 1, sm1); TR_SET_SMEM(2, 0, 1, sm2); TR_SET_SMEM(2, 1, 1, sm2);
 #undef TR_SET_SMEM
     }
+    if (b->mma_ok) {
+        const char *pe = getenv("TR_CUDA_PERSIST");
+        int coop = 0, per_sm = 0;
+        CREATE_TRY(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cfg->device));
+        b->psmem = batch_smem(b, 2);
+        CREATE_TRY(cudaFuncSetAttribute(persist_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
+        CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel, TR_CUDA_BLOCK, b->psmem));
+        if (per_sm > TR_CUDA_BLOCKS_PER_SM) per_sm = TR_CUDA_BLOCKS_PER_SM;
+        long grid = (long)per_sm * b->sms;
+        if (grid > b->grid_max) grid = b->grid_max;
+        b->pgrid = (unsigned)grid;
+        b->persist_ok = coop && grid > 0 && !(pe && pe[0] == '0');
+    }
+    if (b->persist_ok) {
+        const size_t mb_bytes = sizeof(PersistMailbox) + (size_t)TR_BQ_MAX * b->nvec * sizeof(uint4);
+        CREATE_TRY(cudaHostAlloc((void **)&b->pmb, mb_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+        memset(b->pmb, 0, mb_bytes);
+        CREATE_TRY(cudaHostGetDevicePointer((void **)&b->pmb_dev, b->pmb, 0));
+        CREATE_TRY(cudaMalloc(&b->pdreq, sizeof(PersistReq)));
+        CREATE_TRY(cudaMalloc(&b->pdq, (size_t)TR_BQ_MAX * b->nvec * sizeof(uint4)));
+        CREATE_TRY(cudaMalloc(&b->pctl, sizeof(PersistCtl)));
+    }
+    {
+        const char *v = getenv("TR_CUDA_VERBOSE");
+        b->verbose = v && v[0] == '1';
+        const char *pf = getenv("TR_CUDA_PROFILE");
+        b->profile = pf && pf[0] == '1';
+        if (b->verbose) {
+            if (b->persist_ok) fprintf(stderr, "tr-sidecar: cuda: persistent kernel on (%u blocks)\n", b->pgrid);
+            else fprintf(stderr, "tr-sidecar: cuda: persistent kernel off (launch per request)\n");
+        }
+    }
     CREATE_TRY(cudaDeviceSynchronize());
     return b;
 #undef CREATE_TRY
@@ -883,12 +1110,18 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
 static void cuda_destroy(void *self) {
     cuda_backend *b = (cuda_backend *)self;
     if (!b) return;
+    if (b->persist_running) {
+        char e[TR_MESSAGE_BYTES];
+        persist_stop(b, "exit", e, sizeof e);
+    }
     if (b->stream) cudaStreamSynchronize(b->stream);
     if (b->seg_registered) cudaHostUnregister(b->seg_host);
     if (b->batch_done) cudaEventDestroy(b->batch_done);
     cudaFree(b->X); cudaFree(b->ids); cudaFree(b->ns);
     cudaFree(b->part_s); cudaFree(b->part_id); cudaFree(b->part_n); cudaFree(b->done);
     cudaFree(b->bpart_s); cudaFree(b->bpart_id); cudaFree(b->bpart_n); cudaFree(b->bdone); cudaFree(b->dq);
+    cudaFree(b->pdreq); cudaFree(b->pdq); cudaFree(b->pctl);
+    if (b->pmb) cudaFreeHost(b->pmb);
     if (b->hq16) cudaFreeHost(b->hq16);
     if (b->hq) cudaFreeHost(b->hq);
     if (b->hres_ids) cudaFreeHost(b->hres_ids);
@@ -925,7 +1158,9 @@ static int cuda_write_rows(void *self, const uint64_t *rows, uint32_t n, const f
             return TR_E_INTERNAL;
         }
     }
-    int rc = ensure_stage(b, n, err, errlen);
+    int rc = persist_stop(b, "write", err, errlen); /* the scatter runs on the stream the kernel holds */
+    if (rc) return rc;
+    rc = ensure_stage(b, n, err, errlen);
     if (rc) return rc;
     /* the previous scatter may still read the staging buffer */
     CUDA_TRY(cudaEventSynchronize(b->stage_free));
@@ -968,6 +1203,8 @@ static int cuda_move_row(void *self, uint64_t dst, uint64_t src, char *err, size
                  (unsigned long long)dst);
         return TR_E_INTERNAL;
     }
+    int rc = persist_stop(b, "write", err, errlen);
+    if (rc) return rc;
     move_row_kernel<<<1, 128, 0, b->stream>>>(b->X, b->ids, b->ns, dst, src, b->nvec);
     CUDA_TRY(cudaGetLastError());
     return 0;
@@ -1043,7 +1280,9 @@ static int cuda_search(void *self, const float *queries, uint32_t nq, uint32_t k
         }
         return 0;
     }
-    int rc = ensure_query_buffers(b, nq, err, errlen);
+    int rc = persist_stop(b, "launch", err, errlen); /* this search is launched on the kernel's stream */
+    if (rc) return rc;
+    rc = ensure_query_buffers(b, nq, err, errlen);
     if (rc) return rc;
     const bool inline_q = b->dim <= TR_CUDA_INLINE_DIM && nq == 1;
     if (!inline_q) {
@@ -1175,6 +1414,166 @@ static void *seg_device_ptr(const cuda_backend *b, const void *host, size_t byte
 
 static int cuda_search_poll(void *self, int block, char *err, size_t errlen);
 
+/* Launches the persistent kernel (asynchronously: it picks up the mailbox once it runs). */
+static int persist_start(cuda_backend *b, char *err, size_t errlen) {
+    CUDA_TRY(cudaMemsetAsync(b->pctl, 0, sizeof(PersistCtl), b->stream));
+    unsigned seq = b->pseq, nvec = b->nvec;
+    void *args[] = {&b->pmb_dev, &b->pdreq, &b->pdq, &b->pctl, &seq, &nvec};
+    cudaError_t e = cudaLaunchCooperativeKernel((const void *)persist_kernel, dim3(b->pgrid), dim3(TR_CUDA_BLOCK), args,
+                                                b->psmem, b->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "tr-sidecar: cuda: the persistent kernel cannot start (%s): launching per request from now on\n",
+                cudaGetErrorString(e));
+        b->persist_ok = 0;
+        return 1; /* not an error: the caller uses the launch path */
+    }
+    b->persist_running = 1;
+    b->ppolls = 0;
+    return 0;
+}
+
+/* Waits (spinning) until the persistent kernel has answered seq, or reports that it died. */
+static uint64_t host_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void persist_profile(cuda_backend *b) {
+    const unsigned long long *t = b->pmb->stamp;
+    b->prof_sum[0] += host_ns() - b->psubmit_ns;
+    b->prof_sum[1] += t[1] - t[0];
+    b->prof_sum[2] += t[2] - t[1];
+    b->prof_sum[3] += t[3] - t[2];
+    b->prof_n++;
+}
+
+static int persist_wait(cuda_backend *b, unsigned seq, int block, char *err, size_t errlen) {
+    for (;;) {
+        if (__atomic_load_n(&b->pmb->done_seq, __ATOMIC_ACQUIRE) == seq) {
+            if (b->profile) persist_profile(b);
+            return 0;
+        }
+        if ((++b->ppolls & 1023u) == 0) {
+            /* the kernel never returns while serving: a finished or failed stream means it died */
+            cudaError_t e = cudaStreamQuery(b->stream);
+            if (e != cudaErrorNotReady) {
+                if (__atomic_load_n(&b->pmb->done_seq, __ATOMIC_ACQUIRE) == seq) return 0;
+                b->persist_running = 0;
+                if (e == cudaSuccess) {
+                    snprintf(err, errlen, "internal: the persistent search kernel stopped without answering");
+                    return TR_E_INTERNAL;
+                }
+                CUDA_TRY(e);
+            }
+        }
+        if (!block) return 1;
+    }
+}
+
+/* Stops the persistent kernel (before anything else runs on its stream, and when the server goes to
+ * sleep) and waits until it has exited. */
+static int persist_stop(cuda_backend *b, const char *why, char *err, size_t errlen) {
+    if (!b->persist_running) return 0;
+    if (b->persist_pending) { /* the server never does this; stay correct if a caller does */
+        int rc = persist_wait(b, b->pseq, 1, err, errlen);
+        if (rc) return rc;
+    }
+    b->pmb->req.nq = 0;
+    b->pseq = persist_next_seq(b->pseq);
+    __atomic_store_n(&b->pmb->word, b->pseq << 8, __ATOMIC_RELEASE);
+    b->persist_running = 0;
+    CUDA_TRY(cudaStreamSynchronize(b->stream));
+    if (b->verbose)
+        fprintf(stderr, "tr-sidecar: cuda: persistent kernel stopped (%s) after %llu batches\n", why, b->pbatches);
+    if (b->profile && b->prof_n) {
+        const double n = (double)b->prof_n;
+        fprintf(stderr, "tr-sidecar: cuda: profile over %llu batches, mean us: host submit->done seen %.2f | "
+                "kernel: word seen->go %.2f, go->last ticket %.2f, last ticket->done %.2f\n", b->prof_n,
+                b->prof_sum[0] / n / 1e3, b->prof_sum[1] / n / 1e3, b->prof_sum[2] / n / 1e3, b->prof_sum[3] / n / 1e3);
+        memset(b->prof_sum, 0, sizeof b->prof_sum);
+        b->prof_n = 0;
+    }
+    b->pbatches = 0;
+    return 0;
+}
+
+static void cuda_idle(void *self) {
+    cuda_backend *b = (cuda_backend *)self;
+    char e[TR_MESSAGE_BYTES];
+    if (persist_stop(b, "idle", e, sizeof e)) fprintf(stderr, "tr-sidecar: cuda: %s\n", e);
+}
+
+/* Hands n requests (total queries, each k <= TR_BQ_MAX_K, total <= TR_BQ_MAX) to the persistent
+ * kernel through the mailbox; results go straight into the slots (registered segment), hits into
+ * the mailbox. Returns 0, a negative tr_status, or 1 when the kernel could not start. */
+static int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, uint32_t total, char *err,
+                          size_t errlen) {
+    if (!b->persist_running) {
+        int rc = persist_start(b, err, errlen);
+        if (rc) return rc;
+    }
+    PersistReq *pr = &b->pmb->req;
+    BatchParams &p = pr->p;
+    uint4 *q16 = reinterpret_cast<uint4 *>(b->pmb + 1);
+    memset(&p, 0, sizeof p);
+    uint32_t f = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        tr_search_request *r = &reqs[i];
+        for (uint32_t q = 0; q < r->count; q++, f++) {
+            uint16_t *dst = (uint16_t *)(q16 + (size_t)f * b->nvec);
+            f32_to_f16(r->queries + (size_t)q * b->dim, dst, b->dim);
+            for (uint32_t j = b->dim; j < b->ld; j++) dst[j] = 0;
+            if (b->poison) {
+                memset(r->ids_out + (size_t)q * r->k, 0x7f, (size_t)r->k * sizeof(int64_t));
+                memset(r->scores_out + (size_t)q * r->k, 0x7f, (size_t)r->k * sizeof(float));
+                memset(&b->pmb->hits[f], 0x7f, sizeof(unsigned));
+            }
+            long long *oid = (long long *)seg_device_ptr(b, r->ids_out + (size_t)q * r->k, (size_t)r->k * 8);
+            float *osc = (float *)seg_device_ptr(b, r->scores_out + (size_t)q * r->k, (size_t)r->k * 4);
+            if (!oid || !osc) { /* not in the registered segment: let the launch path copy them out */
+                return 1;
+            }
+            p.bq[f].k = r->k;
+            p.bq[f].filter = r->filter_ns ? 1 : 0;
+            p.bq[f].ns_hash = r->ns_hash;
+            p.bq[f].oid = oid;
+            p.bq[f].osc = osc;
+            p.any_filter |= (unsigned)p.bq[f].filter;
+        }
+    }
+    uint64_t rpb = (b->rows + b->pgrid - 1) / b->pgrid;
+    if (rpb < TR_BQ_ROUND) rpb = TR_BQ_ROUND;
+    pr->G = (unsigned)((b->rows + rpb - 1) / rpb);
+    pr->nq = total;
+    pr->profile = (unsigned)b->profile;
+    p.X = b->X;
+    p.ids = b->ids;
+    p.ns = b->ns;
+    p.q = b->pdq;
+    p.part_s = b->bpart_s;
+    p.part_id = b->bpart_id;
+    p.part_n = b->bpart_n;
+    p.out_hits = reinterpret_cast<unsigned *>(reinterpret_cast<unsigned char *>(b->pmb_dev) +
+                                              offsetof(PersistMailbox, hits));
+    p.rows = b->rows;
+    p.rows_per_block = rpb;
+    p.nvec = b->nvec;
+    p.nchunk = (b->nvec + 3) / 4;
+    p.qstride = p.nchunk * 4 + 1;
+    p.nq = total;
+    b->pseq = persist_next_seq(b->pseq);
+    if (b->profile) b->psubmit_ns = host_ns();
+    __atomic_store_n(&b->pmb->word, b->pseq << 8 | total, __ATOMIC_RELEASE);
+    b->pending = 1;
+    b->persist_pending = 1;
+    b->pbatches++;
+    b->preqs = reqs;
+    b->pn = n;
+    return 0;
+}
+
 static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen) {
     cuda_backend *b = (cuda_backend *)self;
     if (b->pending) { /* the server never does this; stay correct if a caller does */
@@ -1182,6 +1581,22 @@ static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, c
         if (rc < 0) return rc;
     }
     const bool mma = b->mma_ok && b->rows > 0 && b->rows < (1ull << 40);
+    if (b->persist_ok && mma) {
+        uint32_t q = 0, all_mma = 1;
+        for (uint32_t i = 0; i < n; i++) {
+            q += reqs[i].count;
+            all_mma &= reqs[i].k >= 1 && reqs[i].k <= TR_BQ_MAX_K;
+        }
+        if (all_mma && q <= TR_BQ_MAX) {
+            int rc = persist_submit(b, reqs, n, q, err, errlen);
+            if (rc <= 0) return rc; /* 1: launch instead */
+        }
+    }
+    {   /* launched below, on the stream the persistent kernel holds (more than TR_BQ_MAX queries, k >
+         * TR_BQ_MAX_K, f32 rows, or results outside the registered segment) */
+        int rc = persist_stop(b, "launch", err, errlen);
+        if (rc) return rc;
+    }
     uint32_t total = 0;
     for (uint32_t i = 0; i < n; i++) {
         tr_search_request *r = &reqs[i];
@@ -1289,6 +1704,19 @@ static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, c
 static int cuda_search_poll(void *self, int block, char *err, size_t errlen) {
     cuda_backend *b = (cuda_backend *)self;
     if (!b->pending) return 0;
+    if (b->persist_pending) {
+        int rc = persist_wait(b, b->pseq, block, err, errlen);
+        if (rc == 1) return 1;
+        b->pending = 0;
+        b->persist_pending = 0;
+        if (rc) return rc;
+        for (uint32_t i = 0, f = 0; i < b->pn; i++) {
+            tr_search_request *r = &b->preqs[i];
+            for (uint32_t q = 0; q < r->count; q++, f++) r->hits = b->pmb->hits[f];
+            r->status = 0;
+        }
+        return 0;
+    }
     cudaError_t e = block ? cudaEventSynchronize(b->batch_done) : cudaEventQuery(b->batch_done);
     if (e == cudaErrorNotReady) return 1;
     b->pending = 0;
@@ -1330,4 +1758,5 @@ extern "C" const tr_backend_ops tr_cuda_backend = {
     cuda_search_many,
     cuda_search_submit,
     cuda_search_poll,
+    cuda_idle,
 };

@@ -531,6 +531,7 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
             tr_cpu_relax();
             continue;
         }
+        if (s->ops->idle) s->ops->idle(s->backend);
         /* Sleep on the doorbell. seq_cst pairs with the client's bump: either the client sees
          * server_sleeping and wakes us, or our scan below sees its request. */
         __atomic_store_n(&h->server_sleeping, 1, __ATOMIC_SEQ_CST);

@@ -1,0 +1,59 @@
+"""Where a persistent-kernel search spends its time: back-to-back searches against a CUDA sidecar
+started with TR_CUDA_PROFILE=1, then the sidecar's own log of mean stage times (host submit to
+done seen; in the kernel: word seen to go, go to last ticket, last ticket to done).
+
+    python benchmarks/persist_profile.py --rows 4096 100000 --dim 768
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import uuid
+
+import numpy as np
+
+from tiered_recall.sidecar import HotTier, start_sidecar
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[4096, 100_000])
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--queries", type=int, default=3000)
+    args = parser.parse_args()
+    os.environ["TR_CUDA_VERBOSE"] = "1"
+    os.environ["TR_CUDA_PROFILE"] = "1"
+    rng = np.random.default_rng(0)
+    for rows in args.rows:
+        name = f"prof-{uuid.uuid4().hex[:8]}"
+        proc = start_sidecar(name, dim=args.dim, capacity=rows, dtype="f16", backend="cuda")
+        hot = HotTier.attach(name)
+        try:
+            for s in range(0, rows, 50_000):
+                n = min(50_000, rows - s)
+                x = rng.standard_normal((n, args.dim)).astype(np.float32)
+                hot.upsert(np.arange(s, s + n, dtype=np.int64), x / np.linalg.norm(x, axis=1, keepdims=True), 1)
+            q = rng.standard_normal((args.queries, args.dim)).astype(np.float32)
+            q /= np.linalg.norm(q, axis=1, keepdims=True)
+            lat = []
+            n_q = args.queries if rows <= 100_000 else max(args.queries // 5, 300)
+            for i in range(n_q):
+                t = time.perf_counter_ns()
+                hot.search(q[i], k=10, touch=False)
+                lat.append(time.perf_counter_ns() - t)
+            a = np.asarray(lat[200:]) / 1e3
+            print(f"rows {rows}: client p50 {np.percentile(a, 50):.1f} us, p99 {np.percentile(a, 99):.1f} us")
+            time.sleep(0.05)  # idle: the kernel stops and logs its profile
+        finally:
+            hot.close()
+            log = proc.log()
+            proc.stop()
+        for line in log.splitlines():
+            if "persistent" in line or "profile" in line:
+                print("   ", line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
