@@ -52,6 +52,7 @@ def main() -> None:
                     help="0 forces the LanceDB search path (no in-memory mirror)")
     ap.add_argument("--compact-every-writes", type=int, default=None, help="ColdStore background compaction interval")
     ap.add_argument("--lance-threads", type=int, default=None)
+    ap.add_argument("--no-wal", action="store_true", help="commit every add to LanceDB (no write-ahead log)")
     ap.add_argument("--path", default=None, help="store folder (default: a fresh temporary folder)")
     ap.add_argument("--json", dest="json_path", default=None, help="write the figures to this JSON file")
     args = ap.parse_args()
@@ -66,6 +67,8 @@ def main() -> None:
     kwargs = {} if args.mirror_max_bytes is None else {"mirror_max_bytes": args.mirror_max_bytes}
     if args.compact_every_writes is not None:
         kwargs["compact_every_writes"] = args.compact_every_writes
+    if args.no_wal:
+        kwargs["wal"] = False
     with tempfile.TemporaryDirectory() as tmp:
         path = args.path or os.path.join(tmp, "cold")
         with ColdStore(path, dim=args.dim, lance_threads=args.lance_threads, **kwargs) as store:
@@ -122,7 +125,7 @@ def main() -> None:
     fig["ratio_vs_numpy_peer"] = fig["search_compacted_p50_ms"] / fig["numpy_peer_p50_ms"]
 
     print(f"cold tier: {args.base_rows} rows + {args.adds} single-row adds, dim {args.dim}, k {args.k}, "
-          f"namespace {args.namespace}, search path {fig['search_path']}")
+          f"namespace {args.namespace}, search path {fig['search_path']}, write-ahead log {not args.no_wal}")
     print(f"{'measure':50s} {'value':>10s}")
     for key, label, unit in [
         ("add_p50_ms", "add p50 (durable)", "ms"), ("add_p99_ms", "add p99 (durable)", "ms"),

@@ -1,12 +1,14 @@
 """ColdStore: the durable cold tier, a LanceDB table with an in-memory exact-search mirror and background upkeep."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 import warnings
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -18,6 +20,7 @@ from ._maintenance import MaintenanceThread, maintenance_lock
 from ._mirror import VectorMirror, positions_bitmap, top_k_with_ties
 from ._schema import (TABLE_NAME, VECTOR_COLUMN, build_batch, memory_schema, rows_from_arrow, schema_dim,
                       sql_id_list, sql_string, timestamps_us, vectors_from_arrow)
+from ._wal import HEADER_SIZE, LogFollower, Rows, WriteAheadLog, decode_rows, encode_rows, parse_records, read_all
 
 T = TypeVar("T")
 
@@ -33,6 +36,9 @@ _RRF_DEPTH = 100  # rows taken from each ranking before reciprocal-rank fusion
 # Weight of the BM25 ranking against the vector ranking in reciprocal-rank fusion (see the
 # LoCoMo figures in benchmarks/locomo_recall.py: short chat turns favour keywords).
 HYBRID_BM25_WEIGHT = 1.0
+WAL_FOLDER = "_wal"
+# Adds of more rows than this bypass the log (after flushing it): one LanceDB commit is cheap per row for a batch.
+_WAL_MAX_ROWS = 1024
 
 
 def _lancedb():
@@ -88,6 +94,12 @@ class ColdStore:
           with every write, saved beside the table under faiss_index/ and reconciled against the rows on open)
           above; "exact" never uses an ANN index; "lancedb" sends searches to LanceDB and its own IVF_PQ index.
       Every score returned is the exact inner product of the stored vector.
+      wal: True (default) makes small adds durable in a write-ahead log under _wal/ (fdatasync, well under a
+          millisecond) instead of a LanceDB commit each; a background flusher moves logged rows into LanceDB in
+          batches (upsert by id, so replay is idempotent) once `wal_flush_rows` are pending or every `wal_flush_s`.
+          Rows in the log are searched, counted and returned like any other (every process follows the log); reads
+          that LanceDB serves (get, where filters, LanceDB search paths, stats) flush the log first. On open the
+          log is replayed; close() flushes it. False commits every add to LanceDB before returning.
     """
 
     def __init__(self, path: str | os.PathLike, *, dim: int, read_consistency_interval_s: float = 0.0,
@@ -95,7 +107,8 @@ class ColdStore:
                  cleanup_grace_s: float = 10.0, mirror_max_bytes: int = 2 << 30,
                  scalar_index_min_rows: int = 50_000, ann_index_min_rows: int = 250_000,
                  background: bool = True, index: str = "auto", faiss_min_rows: int = 20_000,
-                 target_recall: float = TARGET_RECALL):
+                 target_recall: float = TARGET_RECALL, wal: bool = True, wal_flush_rows: int = 512,
+                 wal_flush_s: float = 0.5):
         self._dim = check.check_dim(dim)
         if index not in INDEX_MODES:
             raise InvalidInput(f"index must be one of {INDEX_MODES} (\"auto\" picks exact or FAISS by size), got {index!r}")
@@ -145,12 +158,36 @@ class ColdStore:
         self._maintenance_errors = 0
         self._last_maintenance_error: str | None = None
         self._maintenance: MaintenanceThread | None = None
+        if not isinstance(wal, bool):
+            raise InvalidInput(f"wal must be True or False, got {wal!r}")
+        if isinstance(wal_flush_rows, bool) or not isinstance(wal_flush_rows, int) or wal_flush_rows <= 0:
+            raise InvalidInput(f"wal_flush_rows must be a positive int, got {wal_flush_rows!r}")
+        if not isinstance(wal_flush_s, (int, float)) or not wal_flush_s > 0:
+            raise InvalidInput(f"wal_flush_s must be a number > 0 (seconds between background flushes), got {wal_flush_s!r}")
+        self._wal: WriteAheadLog | None = None
+        self._follower: LogFollower | None = None
+        self._wal_flush_rows = wal_flush_rows
+        self._wal_flush_s = float(wal_flush_s)
+        self._wal_unflushed = 0  # rows this process logged since its last flush (wakes the flusher)
+        self._wal_flushes = 0
+        self._wal_flushed_rows = 0
+        self._wal_last_flush_s: float | None = None
+        self._wal_errors = 0
+        self._wal_last_error: str | None = None
+        self._flush_table = None
+        self._flusher: threading.Thread | None = None
+        self._flusher_wake = threading.Event()
+        self._flusher_stop = threading.Event()
 
         try:
             os.makedirs(self._path, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot create the cold-tier folder {self._path}: {exc}") from exc
+        if wal:
+            self._wal = self._guard("open the write-ahead log", lambda: WriteAheadLog(os.path.join(self._path, WAL_FOLDER)))
+            self._follower = LogFollower(self._wal)
         interval = timedelta(seconds=float(read_consistency_interval_s))
+        self._lagging_reads = read_consistency_interval_s > 0
         self._db = self._guard("connect to LanceDB", lambda: _lancedb().connect(self._path, read_consistency_interval=interval))
         self._table = self._open_or_create()
         self._schema = self._table.schema  # fetched once: each .schema call is a round trip into LanceDB
@@ -162,6 +199,12 @@ class ColdStore:
         if background:
             self._maintenance = MaintenanceThread(self._maintain, writes_due=self._writes_per_compaction,
                                                   every_s=compact_every_s, name=f"cold-maintenance:{self._path}")
+        if self._wal is not None:
+            # Replay: rows a process logged but did not flush (it died, or is still running) go into LanceDB now
+            # (a failure, e.g. a full disk, leaves them in the log, served from there, and is retried later).
+            self._flush_for_read()
+            self._flusher = threading.Thread(target=self._flusher_run, name=f"cold-wal-flusher:{self._path}", daemon=True)
+            self._flusher.start()
 
     # ---- life cycle ----------------------------------------------------------------------------
     @property
@@ -175,6 +218,16 @@ class ColdStore:
     def close(self) -> None:
         if self._closed:
             return
+        if self._flusher is not None:
+            self._flusher_stop.set()
+            self._flusher_wake.set()
+            self._flusher.join(60)
+        if self._wal is not None:
+            try:
+                self._flush_now()  # LanceDB holds every row again; on failure the rows stay in the log (replayed on open)
+            except Exception as exc:
+                self._wal_errors += 1
+                self._wal_last_error = f"flush at close: {type(exc).__name__}: {exc}"
         if self._maintenance is not None:
             self._maintenance.stop()
         thread = self._ann_thread
@@ -191,7 +244,12 @@ class ColdStore:
             self._mirror = None
             self._table = None
             self._maintenance_table = None
+            self._flush_table = None
             self._db = None
+            if self._follower is not None:
+                self._follower.close()
+            if self._wal is not None:
+                self._wal.close()
 
     def __enter__(self) -> "ColdStore":
         return self
@@ -243,7 +301,16 @@ class ColdStore:
 
     # ---- mirror upkeep -------------------------------------------------------------------------
     def _reload_mirror_locked(self) -> None:
-        """Rebuild the mirror from one pinned table version (so the copy is a consistent snapshot)."""
+        """Rebuild the mirror from one pinned table version (so the copy is a consistent snapshot), then apply the
+        logged rows that version does not hold yet."""
+        for _ in range(5):
+            self._load_table_locked()
+            if self._wal is None or self._attach_log_locked():
+                return
+        raise StorageError(f"cold tier: could not line up the write-ahead log of {self._path} with the table "
+                           f"(log generations deleted while loading); reopen the store")
+
+    def _load_table_locked(self) -> None:
         def load():
             reader = self._db.open_table(TABLE_NAME)
             version = reader.version
@@ -279,6 +346,79 @@ class ColdStore:
                 self._ann_error = f"reconcile after reload: {type(exc).__name__}: {exc}"
         self._maybe_schedule_ann_locked()
 
+    # ---- the write-ahead log, reader side ----------------------------------------------------------
+    def _attach_log_locked(self) -> bool:
+        """After loading table version V: follow the log from the newest generation whose rows V may lack (the
+        newest whose base_version <= V; see _wal.py for why that view is consistent). False: generations were
+        deleted meanwhile, load again."""
+        from ._wal import read_header
+        wal, follower = self._wal, self._follower
+        for gen in reversed(wal.generations()):
+            try:
+                fd = wal.open_gen(gen)
+            except FileNotFoundError:
+                return False
+            try:
+                base = read_header(fd).base_version
+            finally:
+                os.close(fd)
+            if base <= self._mirror_version:
+                try:
+                    follower.start_at(gen)
+                except FileNotFoundError:
+                    return False
+                return self._apply_log_events_locked(follower.poll())
+        return False
+
+    def _follow_log_locked(self) -> None:
+        """Apply what was logged since the last look (this process's adds included); reload when the log cannot be
+        lined up with the mirror's table version."""
+        if self._wal is None or self._follower is None:
+            return
+        events = self._guard("read the write-ahead log", self._follower.poll)
+        if events and not self._apply_log_events_locked(events):
+            self._reload_mirror_locked()
+
+    def _apply_log_events_locked(self, events: list) -> bool:
+        for kind, item in events:
+            if kind == "rows":
+                self._apply_logged_rows_locked(item)
+            elif kind == "rotated":
+                # The previous generation's rows (all applied above) were committed on top of pre_version, giving
+                # base_version. If the mirror already reflects pre_version, it now reflects base_version.
+                if self._mirror_version >= item.base_version:
+                    continue
+                if self._mirror_version >= item.pre_version or self._benign_versions(self._mirror_version, item.pre_version):
+                    self._mirror_version = item.base_version
+                else:
+                    return False  # rows changed in LanceDB that this process did not see: reload
+            else:  # "gap"
+                return False
+        return True
+
+    def _apply_logged_rows_locked(self, rows: Rows) -> None:
+        m = self._mirror
+        if m is not None:
+            m.upsert(rows.ids, rows.vectors, rows.namespaces, rows.created_at_us)
+            self._row_estimate = m.live_rows
+            if m.nbytes() > self._mirror_max_bytes:
+                self._mirror = None  # past the budget: LanceDB (and its ANN index) serves searches
+                self._ann = None
+            else:
+                self._maybe_schedule_ann_locked()
+        else:
+            self._row_estimate += int(rows.ids.shape[0])
+        if self._bm25 is not None:
+            self._bm25.upsert(rows.ids.tolist(), rows.namespaces, _keyword_texts(rows.roles, rows.texts))
+
+    def _current_generation_rows_locked(self) -> list[Rows]:
+        """Rows of the log generation being followed, up to what was applied (newer than LanceDB's flushes)."""
+        f = self._follower
+        if f is None or f.fd is None:
+            return []
+        records, _ = parse_records(read_all(f.fd, HEADER_SIZE)[: f.offset - HEADER_SIZE], HEADER_SIZE)
+        return [decode_rows(p) for _, p in records]
+
     def _benign_versions(self, start: int, end: int) -> bool:
         """True if every version in (start, end] kept the rows as they were (compaction, index builds).
 
@@ -307,6 +447,7 @@ class ColdStore:
 
     def _sync_locked(self) -> None:
         """Bring the mirror to the table's latest version before a read (another process may have written)."""
+        self._follow_log_locked()
         latest = self._guard("read the table version", lambda: self._table.version)
         if latest <= self._mirror_version:
             # Equal: nothing moved. Lower: with read_consistency_interval_s > 0 this handle may lag behind the
@@ -349,7 +490,8 @@ class ColdStore:
 
     # ---- writes --------------------------------------------------------------------------------
     def add(self, *, ids, vectors, namespaces, texts, sessions, roles, created_at_us, metadata) -> None:
-        """Upsert rows by id; committed (durable) when this returns; the whole batch or nothing.
+        """Upsert rows by id; durable when this returns (in the write-ahead log or committed to LanceDB); the whole
+        batch or nothing.
 
         ids: (n,) int64; vectors: (n, dim) float32 unit-norm; namespaces/texts: n str; sessions/roles: n str|None;
         created_at_us: (n,) int64 microseconds since the epoch (UTC); metadata: n dict|None (JSON-serialisable).
@@ -365,8 +507,16 @@ class ColdStore:
         roles = check.check_strings(roles, n, "roles", nullable=True)
         created = check.check_timestamps(created_at_us, n)
         metadata_json = check.check_metadata(metadata, n)
+        if self._wal is not None and n <= _WAL_MAX_ROWS:
+            self._add_logged(Rows(ids, vectors, created, namespaces, sessions, roles, texts, metadata_json))
+            return
         batch = build_batch(self._schema, ids=ids, vectors=vectors, namespaces=namespaces, texts=texts,
                             sessions=sessions, roles=roles, created_at_us=created, metadata_json=metadata_json)
+        with self._direct_write():  # runs while the log is empty (see _wal.py)
+            self._add_committed(ids, vectors, namespaces, texts, roles, created, batch)
+
+    def _add_committed(self, ids, vectors, namespaces, texts, roles, created, batch) -> None:
+        n = ids.shape[0]
 
         def upsert():
             return (self._table.merge_insert("id").when_matched_update_all()
@@ -394,6 +544,124 @@ class ColdStore:
         if self._maintenance is not None:
             self._maintenance.note_writes()
 
+    # ---- the write-ahead log, writer side ----------------------------------------------------------
+    @contextmanager
+    def _direct_write(self) -> Iterator[None]:
+        """For a write that bypasses the log (delete, large add): both log locks, and the log flushed and empty
+        (see _wal.py). Lock order: flush lock, append lock, then self._lock."""
+        if self._wal is None:
+            yield
+            return
+        with self._wal.flushing():
+            self._flush_locked()  # the bulk of the log, appends going on meanwhile
+            with self._wal.locked():
+                self._flush_locked(appends_held=True)  # what was appended during that flush; the log is now empty
+                yield
+
+    def _add_logged(self, rows: Rows) -> None:
+        record = encode_rows(rows)
+        with self._wal.locked():
+            self._check_open()
+            try:
+                self._wal.append(record)  # durable here (fdatasync)
+            except Exception as exc:
+                raise StorageError(_storage_message(f"log {rows.ids.shape[0]} rows", self._path, exc)) from exc
+            with self._lock:
+                self._follow_log_locked()  # applies this record (and any other process's before it) to the mirror
+            self._wal_unflushed += int(rows.ids.shape[0])
+        if self._wal_unflushed >= self._wal_flush_rows:
+            self._flusher_wake.set()
+
+    def _flush_locked(self, *, appends_held: bool = False) -> int:
+        """Under the flush lock: commit every logged row to LanceDB (upsert by id, the last logged version of each id
+        wins), then start a new log generation. Appends go on during the commit (their records are carried into the
+        new generation) unless the caller holds the append lock (`appends_held`: the log is then empty after).
+        Returns the rows flushed."""
+        if self._wal is None:
+            return 0
+        with self._wal.locked():
+            gen, records, end = self._guard("read the write-ahead log", self._wal.pending)
+        if not records:
+            return 0
+        t0 = time.perf_counter()
+        parts = [decode_rows(p) for _, p in records]
+        ids = np.concatenate([r.ids for r in parts])
+        cols = {name: [v for r in parts for v in getattr(r, name)]
+                for name in ("namespaces", "sessions", "roles", "texts", "metadata_json")}
+        vectors = np.concatenate([r.vectors for r in parts])
+        created = np.concatenate([r.created_at_us for r in parts])
+        _, last = np.unique(ids[::-1], return_index=True)
+        keep = np.sort(ids.shape[0] - 1 - last)
+        if keep.shape[0] != ids.shape[0]:
+            ids, vectors, created = ids[keep], vectors[keep], created[keep]
+            cols = {name: [values[i] for i in keep.tolist()] for name, values in cols.items()}
+        batch = build_batch(self._schema, ids=ids, vectors=vectors, namespaces=cols["namespaces"], texts=cols["texts"],
+                            sessions=cols["sessions"], roles=cols["roles"], created_at_us=created,
+                            metadata_json=cols["metadata_json"])
+        if self._flush_table is None:
+            self._flush_table = self._guard("open the table", lambda: self._db.open_table(TABLE_NAME))
+        table = self._flush_table
+        pre = self._guard("read the table version", lambda: table.version)
+        result = self._commit(f"flush {ids.shape[0]} logged rows",
+                              lambda: table.merge_insert("id").when_matched_update_all()
+                              .when_not_matched_insert_all().execute(batch))
+        with self._wal.locked():
+            self._guard("rotate the write-ahead log", lambda: self._wal.rotate(gen, end, pre, result.version))
+        with self._lock:
+            if not self._closed:
+                if self._lagging_reads:  # this process's reads see its own flush, as they saw its own commits
+                    self._guard("refresh the table", self._table.checkout_latest)
+                self._follow_log_locked()  # the rotation: the mirror now reflects the flush's table version
+        self._wal_unflushed = max(0, self._wal_unflushed - int(ids.shape[0]))
+        self._wal_flushes += 1
+        self._wal_flushed_rows += int(ids.shape[0])
+        self._wal_last_flush_s = time.perf_counter() - t0
+        if self._maintenance is not None:
+            self._maintenance.note_writes()
+        return int(ids.shape[0])
+
+    def _flush_now(self) -> int:
+        if self._wal is None or self._closed:
+            return 0
+        with self._wal.flushing():
+            return self._flush_locked()
+
+    def flush(self) -> int:
+        """Move every logged row (of any process) into LanceDB now; returns how many. Background flushes and close()
+        do this anyway; bulk loaders and tests call it to see the table itself."""
+        self._check_open()
+        return self._flush_now()
+
+    def _flush_for_read(self) -> bool:
+        """Before a read that LanceDB serves: rows still in the log must be in the table. False when the flush failed
+        (disk full, ...): the rows stay durable in the log; get() then reads them from there, while where filters and
+        LanceDB search paths answer without them until a flush succeeds (stats() reports wal_last_error)."""
+        if self._wal is None or self._wal.pending_bytes() == 0:
+            return True
+        try:
+            self._flush_now()
+            return True
+        except StorageError as exc:
+            self._wal_errors += 1
+            self._wal_last_error = str(exc)
+            return False
+
+    def _flusher_run(self) -> None:
+        backoff = self._wal_flush_s
+        while not self._flusher_stop.is_set():
+            self._flusher_wake.wait(backoff)
+            self._flusher_wake.clear()
+            if self._flusher_stop.is_set() or self._closed:
+                break
+            try:
+                if self._wal.pending_bytes() > 0:
+                    self._flush_now()
+                backoff = self._wal_flush_s
+            except Exception as exc:  # the rows stay in the log; stats() reports the failure; retried later
+                self._wal_errors += 1
+                self._wal_last_error = f"{type(exc).__name__}: {exc}"
+                backoff = min(30.0, backoff * 2)
+
     def delete(self, ids) -> int:
         """Delete rows by id; returns how many existed. Committed when this returns."""
         self._check_open()
@@ -401,6 +669,10 @@ class ColdStore:
         if ids.size == 0:
             return 0
         ids = np.unique(ids)
+        with self._direct_write():  # logged rows reach LanceDB first, so the delete covers them and none comes back
+            return self._delete_committed(ids)
+
+    def _delete_committed(self, ids: np.ndarray) -> int:
         with self._lock:
             self._check_open()
             result = self._commit(f"delete {ids.size} rows", lambda: self._table.delete(f"id IN {sql_id_list(ids)}"))
@@ -435,6 +707,9 @@ class ColdStore:
         excluded = None if exclude_ids is None else check.check_ids(exclude_ids, name="exclude_ids", allow_empty=True)
         if text is not None and not isinstance(text, str):
             raise InvalidInput(f"text must be a str (the query text for hybrid BM25 + vector search) or None, got {type(text).__name__}")
+        if (where is not None or self._mirror is None or self._index_mode == "lancedb"
+                or (text is not None and self._bm25 is None)):
+            self._flush_for_read()
         with self._lock:
             self._check_open()
             self._sync_locked()
@@ -453,6 +728,8 @@ class ColdStore:
         namespace = check.check_optional_namespace(namespace)
         where = check.check_where(where)
         excluded = None if exclude_ids is None else check.check_ids(exclude_ids, name="exclude_ids", allow_empty=True)
+        if where is not None or self._bm25 is None:
+            self._flush_for_read()
         with self._lock:
             self._check_open()
             self._sync_locked()
@@ -525,6 +802,9 @@ class ColdStore:
             bm25 = Bm25Index()
             bm25.upsert(data.column("id").to_pylist(), data.column("namespace").to_pylist(),
                         _keyword_texts(data.column("role").to_pylist(), data.column("text").to_pylist()))
+            # Rows logged since the last flush (newer than the table's rows; re-applying a flushed one is harmless).
+            for rows in self._guard("read the write-ahead log", self._current_generation_rows_locked):
+                bm25.upsert(rows.ids.tolist(), rows.namespaces, _keyword_texts(rows.roles, rows.texts))
             self._bm25 = bm25
         return self._bm25
 
@@ -715,11 +995,23 @@ class ColdStore:
         if ids.size == 0:
             return []
         uniq = np.unique(ids)
+        flushed = self._flush_for_read()
         with self._lock:
             self._check_open()
             data = self._guard(f"get {uniq.size} rows", lambda: self._table.search().where(f"id IN {sql_id_list(uniq)}")
                                .limit(None).to_arrow())
-        rows = rows_from_arrow(data, self._dim)
+            rows = rows_from_arrow(data, self._dim)
+            if not flushed:  # the log could not be flushed (e.g. disk full): its rows are newer than the table's
+                self._follow_log_locked()
+                wanted = set(uniq.tolist())
+                for logged in self._guard("read the write-ahead log", self._current_generation_rows_locked):
+                    for i, row_id in enumerate(logged.ids.tolist()):
+                        if row_id in wanted:
+                            meta = logged.metadata_json[i]
+                            rows[row_id] = {"id": row_id, "namespace": logged.namespaces[i],
+                                            "session": logged.sessions[i], "role": logged.roles[i],
+                                            "text": logged.texts[i], "created_at_us": int(logged.created_at_us[i]),
+                                            "metadata": json.loads(meta) if meta else {}, "vector": logged.vectors[i]}
         out = []
         for row_id in ids.tolist():
             row = rows.get(row_id)
@@ -729,6 +1021,8 @@ class ColdStore:
     def count(self, namespace: str | None = None) -> int:
         self._check_open()
         namespace = check.check_optional_namespace(namespace)
+        if self._mirror is None:
+            self._flush_for_read()
         with self._lock:
             self._check_open()
             self._sync_locked()
@@ -739,6 +1033,8 @@ class ColdStore:
 
     def namespace_counts(self) -> dict[str, int]:
         self._check_open()
+        if self._mirror is None:
+            self._flush_for_read()
         with self._lock:
             self._check_open()
             self._sync_locked()
@@ -753,6 +1049,8 @@ class ColdStore:
         from the in-memory mirror when it is loaded, so promoting rows to the hot tier reads no disk."""
         self._check_open()
         ids = check.check_ids(ids, allow_empty=True)
+        if self._mirror is None:
+            self._flush_for_read()
         with self._lock:
             self._check_open()
             self._sync_locked()
@@ -772,6 +1070,8 @@ class ColdStore:
         self._check_open()
         limit = check.check_limit(limit)
         namespace = check.check_optional_namespace(namespace)
+        if self._mirror is None:
+            self._flush_for_read()
         with self._lock:
             self._check_open()
             self._sync_locked()
@@ -799,6 +1099,7 @@ class ColdStore:
     def optimize(self) -> None:
         """Compact now and drop every old version (waits for another process's maintenance to finish)."""
         self._check_open()
+        self._flush_now()
         if self._maintenance is not None:
             self._maintenance.wait_idle()
         with maintenance_lock(self._path, blocking=True):
@@ -884,6 +1185,7 @@ class ColdStore:
 
     def stats(self) -> dict:
         self._check_open()
+        self._flush_for_read()  # the table's figures below then count every row
         with self._lock:
             self._check_open()
             self._sync_locked()
@@ -927,6 +1229,13 @@ class ColdStore:
             "pending_writes": 0 if self._maintenance is None else self._maintenance.pending_writes,
             "maintenance_errors": self._maintenance_errors,
             "last_maintenance_error": self._last_maintenance_error,
+            "wal": self._wal is not None,
+            "wal_generation": None if self._follower is None else self._follower.gen,
+            "wal_flushes": self._wal_flushes,
+            "wal_flushed_rows": self._wal_flushed_rows,
+            "wal_last_flush_s": self._wal_last_flush_s,
+            "wal_errors": self._wal_errors,
+            "wal_last_error": self._wal_last_error,
         }
 
 

@@ -145,7 +145,8 @@ def test_single_row_adds_stay_compacted_in_background(tmp_path):
     rng = np.random.default_rng(4)
     n = 500
     v = unit_rows(rng, n)
-    with ColdStore(tmp_path / "cold", dim=DIM, compact_every_writes=50, compact_every_s=60.0) as store:
+    # wal=False: every add is its own LanceDB commit, the case background compaction exists for.
+    with ColdStore(tmp_path / "cold", dim=DIM, compact_every_writes=50, compact_every_s=60.0, wal=False) as store:
         for i in range(n):
             store.add(**rows([i], v[i:i + 1]))
         assert store.wait_for_maintenance(timeout=30)
@@ -170,7 +171,7 @@ def test_background_compaction_yields_to_another_process_holding_the_lock(tmp_pa
     rng = np.random.default_rng(10)
     v = unit_rows(rng, 12)
     path = tmp_path / "cold"
-    with ColdStore(path, dim=DIM, compact_every_writes=5, compact_every_s=60.0) as store:
+    with ColdStore(path, dim=DIM, compact_every_writes=5, compact_every_s=60.0, wal=False) as store:
         with maintenance_lock(str(path), blocking=True) as held:  # as if another process were compacting
             assert held
             for i in range(6):
@@ -311,9 +312,10 @@ def test_reopen_keeps_rows_and_refuses_another_dim(tmp_path):
         ColdStore(tmp_path / "other", dim=0)
 
 
-def test_storage_failures_become_storage_error(store, monkeypatch):
+def test_storage_failures_become_storage_error(tmp_path, monkeypatch):
     rng = np.random.default_rng(8)
     v = unit_rows(rng, 2)
+    store = ColdStore(tmp_path / "cold", dim=DIM, wal=False)  # every add commits to LanceDB
 
     def disk_full(*_a, **_k):
         raise OSError(28, "No space left on device")
@@ -326,6 +328,28 @@ def test_storage_failures_become_storage_error(store, monkeypatch):
     store.close()
     with pytest.raises(StorageError, match="closed"):
         store.count()
+
+
+def test_log_failures_become_storage_error_and_flush_failures_keep_rows_logged(store, monkeypatch):
+    rng = np.random.default_rng(9)
+    v = unit_rows(rng, 3)
+
+    def disk_full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(store._wal, "append", disk_full)
+    with pytest.raises(StorageError, match="disk is full"):
+        store.add(**rows([1, 2], v[:2]))
+    monkeypatch.undo()
+    assert store.count() == 0
+    store.add(**rows([1, 2], v[:2]))  # durable in the log
+    store._flush_table = store._db.open_table("memories")
+    monkeypatch.setattr(store._flush_table, "merge_insert", disk_full)
+    with pytest.raises(StorageError, match="No space left"):
+        store.flush()
+    assert store.count() == 2 and store.search(v[1], k=1)[0].tolist() == [2]  # still served from the log
+    monkeypatch.undo()
+    assert store.flush() == 2
+    assert store._table.count_rows() == 2 and store.get([1, 2])[1]["id"] == 2
 
 
 def test_large_tables_search_through_lancedb_with_ann_index(tmp_path):

@@ -1,0 +1,376 @@
+"""Write-ahead log of the cold tier: adds are durable once fsynced here; a flusher moves them into LanceDB in batches."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import struct
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+# How the log works (see ColdStore for the reader side):
+# - Files _wal/<gen>.wal, one generation current (the highest). Each starts with a header: the generation, the one
+#   before it, and the LanceDB table versions just before (pre_version) and just after (base_version) the commit
+#   that moved the previous generation's records into the table. Then records: [magic, length, crc32] + payload.
+# - Two cross-process locks (flock, plus a mutex for the threads of one process), taken in this order:
+#   the flush lock (.flush.lock) for a whole flush and for every LanceDB write that changes rows; the append lock
+#   (.lock) for appends, for a flush's look at the log and its rotation, and for the whole of a write that bypasses
+#   the log (delete, large add). Such a write flushes the log first and runs while it is empty, so records in a
+#   generation are always newer than every row change committed since that generation began (a flush of its own
+#   records aside). A reader loading table version V applies the records of the newest generation whose
+#   base_version <= V and of all later ones, and has a consistent view without taking any lock.
+# - A flush takes the records present (up to offset E), commits them (upsert by id: replay is idempotent) while
+#   appends go on, then rotates: the new generation starts with a copy of the records appended since E ("carried";
+#   the header says E and how many bytes), so no record is ever only in a file that is no longer current. Killed
+#   before the rotation, the records are flushed again by the next flusher; killed mid-append, the torn record (bad
+#   checksum or short) was never acknowledged and is cut off by the next writer.
+# - Old generations stay a while (readers that fell behind follow them), then are deleted oldest first.
+
+FILE_MAGIC = b"TRWAL01\0"
+# magic, gen, prev_gen, pre_version, base_version, carried_from, carried_len, crc32 of the fields before
+_HEADER = struct.Struct("<8sQQqqQQI")
+HEADER_SIZE = _HEADER.size
+REC_MAGIC = b"TRR1"
+_REC = struct.Struct("<4sII")  # magic, payload length, crc32 of the payload
+_PAYLOAD_HEAD = struct.Struct("<II")  # rows, dim
+_MAX_PAYLOAD = 1 << 30
+LOCK_NAME = ".lock"
+FLUSH_LOCK_NAME = ".flush.lock"
+SUFFIX = ".wal"
+
+
+@dataclass(frozen=True)
+class Header:
+    gen: int
+    prev_gen: int
+    pre_version: int  # table version just before the commit of prev_gen's records (-1: none)
+    base_version: int  # table version holding every record of the generations before this one (-1: none yet)
+    carried_from: int = 0  # offset in prev_gen where the records copied to the start of this one began
+    carried_len: int = 0  # bytes of those records (prev_gen's records past carried_from, appended during the flush)
+
+
+@dataclass
+class Rows:
+    """One logged add: (n,) ids/created_at_us, (n, dim) vectors, n-lists of the text columns."""
+    ids: np.ndarray
+    vectors: np.ndarray
+    created_at_us: np.ndarray
+    namespaces: list
+    sessions: list
+    roles: list
+    texts: list
+    metadata_json: list
+
+
+def encode_rows(rows: Rows) -> bytes:
+    n, dim = rows.vectors.shape
+    strings = json.dumps([rows.namespaces, rows.sessions, rows.roles, rows.texts, rows.metadata_json],
+                         ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    payload = b"".join([_PAYLOAD_HEAD.pack(n, dim), np.ascontiguousarray(rows.ids, "<i8").tobytes(),
+                        np.ascontiguousarray(rows.created_at_us, "<i8").tobytes(),
+                        np.ascontiguousarray(rows.vectors, "<f4").tobytes(), strings])
+    return _REC.pack(REC_MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_rows(payload: bytes) -> Rows:
+    n, dim = _PAYLOAD_HEAD.unpack_from(payload, 0)
+    at = _PAYLOAD_HEAD.size
+    ids = np.frombuffer(payload, "<i8", n, at).astype(np.int64)
+    at += 8 * n
+    created = np.frombuffer(payload, "<i8", n, at).astype(np.int64)
+    at += 8 * n
+    vectors = np.frombuffer(payload, "<f4", n * dim, at).astype(np.float32).reshape(n, dim)
+    at += 4 * n * dim
+    namespaces, sessions, roles, texts, metadata_json = json.loads(payload[at:].decode("utf-8"))
+    return Rows(ids, vectors, created, namespaces, sessions, roles, texts, metadata_json)
+
+
+def parse_records(data: bytes, base: int) -> tuple[list[tuple[int, bytes]], int]:
+    """Whole, intact records at the front of `data` (read from file offset `base`): [(offset, payload)], and the
+    offset just past the last one. Stops at the first short or corrupt record (a torn tail, or one being written)."""
+    out = []
+    at = 0
+    view = memoryview(data)
+    while at + _REC.size <= len(data):
+        magic, length, crc = _REC.unpack_from(data, at)
+        end = at + _REC.size + length
+        if magic != REC_MAGIC or length > _MAX_PAYLOAD or end > len(data):
+            break
+        payload = bytes(view[at + _REC.size:end])
+        if zlib.crc32(payload) != crc:
+            break
+        out.append((base + at, payload))
+        at = end
+    return out, base + at
+
+
+def read_header(fd: int) -> Header:
+    raw = os.pread(fd, HEADER_SIZE, 0)
+    if len(raw) != HEADER_SIZE:
+        raise ValueError("short log header")
+    magic, gen, prev_gen, pre, base, carried_from, carried_len, crc = _HEADER.unpack(raw)
+    if magic != FILE_MAGIC or zlib.crc32(raw[:-4]) != crc:
+        raise ValueError("bad log header")
+    return Header(gen, prev_gen, pre, base, carried_from, carried_len)
+
+
+def _pack_header(h: Header) -> bytes:
+    raw = _HEADER.pack(FILE_MAGIC, h.gen, h.prev_gen, h.pre_version, h.base_version, h.carried_from,
+                       h.carried_len, 0)[:-4]
+    return raw + struct.pack("<I", zlib.crc32(raw))
+
+
+def read_all(fd: int, start: int) -> bytes:
+    size = os.fstat(fd).st_size
+    if size <= start:
+        return b""
+    chunks = []
+    at = start
+    while at < size:
+        chunk = os.pread(fd, min(size - at, 64 << 20), at)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        at += len(chunk)
+    return b"".join(chunks)
+
+
+class WriteAheadLog:
+    """The log folder of one store, as seen by one process: the writer side (under `locked()`) and file helpers."""
+
+    def __init__(self, folder: str, *, retention_s: float = 120.0, keep_generations: int = 8):
+        self.folder = folder
+        self.retention_s = retention_s
+        self.keep_generations = keep_generations
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        self._mutex = threading.RLock()
+        self._depth = 0
+        self._lock_fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        self._flush_mutex = threading.RLock()
+        self._flush_depth = 0
+        self._flush_fd = os.open(os.path.join(folder, FLUSH_LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        self._wfd: int | None = None
+        self._wgen = 0
+        self._wend = 0  # end of the last intact record of the current generation (valid under the lock)
+        self._closed = False
+        with self.locked():
+            if not self.generations():
+                self._write_generation(Header(1, 0, -1, -1))
+
+    # ---- files ----------------------------------------------------------------------------------
+    def path_of(self, gen: int) -> str:
+        return os.path.join(self.folder, f"{gen:016d}{SUFFIX}")
+
+    def generations(self) -> list[int]:
+        out = []
+        for name in os.listdir(self.folder):
+            if name.endswith(SUFFIX) and name[:-len(SUFFIX)].isdigit():
+                out.append(int(name[:-len(SUFFIX)]))
+        return sorted(out)
+
+    def open_gen(self, gen: int) -> int:
+        return os.open(self.path_of(gen), os.O_RDONLY)
+
+    def _write_generation(self, header: Header, carried: bytes = b"") -> None:
+        tmp = os.path.join(self.folder, f".{header.gen:016d}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            data = _pack_header(header) + carried
+            if os.write(fd, data) != len(data):
+                raise OSError(28, "No space left on device: short write of a new log generation")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, self.path_of(header.gen))
+        dfd = os.open(self.folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # ---- the lock -------------------------------------------------------------------------------
+    @contextmanager
+    def flushing(self) -> Iterator[None]:
+        """The flush lock: exclusive across processes and threads (re-entrant); take it before locked()."""
+        with self._flush_mutex:
+            self._flush_depth += 1
+            try:
+                if self._flush_depth == 1:
+                    fcntl.flock(self._flush_fd, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    if self._flush_depth == 1:
+                        fcntl.flock(self._flush_fd, fcntl.LOCK_UN)
+            finally:
+                self._flush_depth -= 1
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """The append lock: exclusive across processes and threads (re-entrant within one thread)."""
+        with self._mutex:
+            self._depth += 1
+            try:
+                if self._depth == 1:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    if self._depth == 1:
+                        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            finally:
+                self._depth -= 1
+
+    def _refresh_locked(self) -> None:
+        """Point the writer at the current generation and cut a torn tail left by a writer that died."""
+        if self._wfd is not None and not os.path.exists(self.path_of(self._wgen + 1)):
+            current = self._wgen
+        else:
+            gens = self.generations()
+            current = gens[-1]
+            if self._wfd is not None:
+                os.close(self._wfd)
+            self._wfd = os.open(self.path_of(current), os.O_RDWR)
+            self._wgen = current
+            self._wend = HEADER_SIZE
+        size = os.fstat(self._wfd).st_size
+        if size != self._wend:
+            _, end = parse_records(read_all(self._wfd, self._wend), self._wend)
+            self._wend = end
+            if size > end:  # bytes past the last intact record: a dead writer's unacknowledged add
+                os.ftruncate(self._wfd, end)
+                os.fsync(self._wfd)
+
+    # ---- writer side (call under locked()) ------------------------------------------------------
+    def append(self, record: bytes) -> None:
+        """Append one encoded record and make it durable (fdatasync) before returning."""
+        self._refresh_locked()
+        try:
+            written = os.pwrite(self._wfd, record, self._wend)
+            if written != len(record):
+                raise OSError(28, f"No space left on device: short write to the log ({written} of {len(record)} bytes)")
+            os.fdatasync(self._wfd)
+        except BaseException:
+            try:  # not acknowledged, so not kept: a later flush must not commit it
+                os.ftruncate(self._wfd, self._wend)
+            except OSError:
+                pass  # the next writer cuts it (a short record fails its checksum)
+            raise
+        self._wend += len(record)
+
+    def pending(self) -> tuple[int, list[tuple[int, bytes]], int]:
+        """The current generation, its intact records and the offset past them (for a flush)."""
+        self._refresh_locked()
+        records, end = parse_records(read_all(self._wfd, HEADER_SIZE), HEADER_SIZE)
+        return self._wgen, records, end
+
+    def has_pending_locked(self) -> bool:
+        self._refresh_locked()
+        return self._wend > HEADER_SIZE
+
+    def rotate(self, gen: int, flushed_to: int, pre_version: int, base_version: int) -> Header:
+        """Start a new generation after generation `gen`'s records up to offset `flushed_to` were committed at
+        `base_version`; the records appended past `flushed_to` meanwhile are copied to its start."""
+        self._refresh_locked()
+        if self._wgen != gen or self._wend < flushed_to:
+            raise RuntimeError(f"log generation {gen} changed during its flush (now {self._wgen}); another flusher "
+                               "ran without the flush lock")
+        carried = os.pread(self._wfd, self._wend - flushed_to, flushed_to) if self._wend > flushed_to else b""
+        header = Header(gen + 1, gen, int(pre_version), int(base_version), int(flushed_to), len(carried))
+        self._write_generation(header, carried)
+        self._refresh_locked()
+        self._prune_locked()
+        return header
+
+    def _prune_locked(self) -> None:
+        gens = self.generations()
+        old = gens[:-self.keep_generations] if len(gens) > self.keep_generations else []
+        now = time.time()
+        for gen in old:  # oldest first: a reader still holding a file finds every later one present
+            path = self.path_of(gen)
+            try:
+                if now - os.stat(path).st_mtime < self.retention_s:
+                    break
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+
+    # ---- reader helpers (no lock) ---------------------------------------------------------------
+    def pending_bytes(self) -> int:
+        """Bytes of records in the current generation (a cheap, lock-free look: 0 means nothing to flush)."""
+        gens = self.generations()
+        try:
+            return max(0, os.stat(self.path_of(gens[-1])).st_size - HEADER_SIZE)
+        except (FileNotFoundError, IndexError):
+            return 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._mutex:
+            if self._wfd is not None:
+                os.close(self._wfd)
+                self._wfd = None
+            os.close(self._lock_fd)
+            os.close(self._flush_fd)
+
+
+class LogFollower:
+    """One process's read position in the log: new records and generation changes, in order, without the lock."""
+
+    def __init__(self, wal: WriteAheadLog):
+        self.wal = wal
+        self.gen = 0
+        self.fd: int | None = None
+        self.offset = 0
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def start_at(self, gen: int) -> Header:
+        """Position at the first record of `gen` (FileNotFoundError when that generation was deleted)."""
+        fd = self.wal.open_gen(gen)
+        try:
+            header = read_header(fd)
+        except Exception:
+            os.close(fd)
+            raise
+        self.close()
+        self.fd, self.gen, self.offset = fd, gen, HEADER_SIZE
+        return header
+
+    def poll(self) -> list:
+        """Events since the last poll: ("rows", Rows) for each new record, ("rotated", Header) when a new generation
+        begins, ("gap", None) when generations were deleted before this process read them (reload from LanceDB)."""
+        events: list = []
+        while True:
+            # Look for the next generation before reading: once it exists this one takes no more appends, so the
+            # read below then gets all of it (a torn tail is a dead writer's garbage and was not flushed either).
+            rotated = os.path.exists(self.wal.path_of(self.gen + 1))
+            if os.fstat(self.fd).st_size > self.offset:
+                records, self.offset = parse_records(read_all(self.fd, self.offset), self.offset)
+                events.extend(("rows", decode_rows(p)) for _, p in records)
+            if not rotated:
+                if not os.path.exists(self.wal.path_of(self.gen)):
+                    events.append(("gap", None))  # ours and (oldest first) every later one were deleted
+                return events
+            ended_at = self.offset
+            try:
+                header = self.start_at(self.gen + 1)
+            except FileNotFoundError:
+                events.append(("gap", None))
+                return events
+            if ended_at != header.carried_from + header.carried_len:
+                events.append(("gap", None))  # cannot line the copied records up with what was read: reload
+                return events
+            self.offset = HEADER_SIZE + header.carried_len  # those records were read from the previous generation
+            events.append(("rotated", header))

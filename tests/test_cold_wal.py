@@ -1,0 +1,341 @@
+"""The cold tier's write-ahead log: killed writers, torn tails, several processes, deletes of logged rows."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from tiered_recall.storage import ColdStore
+from tiered_recall.storage._wal import HEADER_SIZE, Rows, WriteAheadLog, encode_rows, parse_records
+
+DIM = 16
+
+# A writer in its own interpreter (never fork a process with LanceDB initialised). Every acknowledged add prints
+# "a <id>", every acknowledged delete "d <id>". Rows get vector seed(id), so the parent can check them.
+_CHILD = """
+import os, sys, json, numpy as np
+from tiered_recall.storage import ColdStore
+from tiered_recall.storage import _wal
+
+cfg = json.loads(sys.argv[1])
+dim = cfg["dim"]
+
+def vec(i):
+    v = np.random.default_rng(i).standard_normal((1, dim)).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+def add(s, i):
+    s.add(ids=np.array([i]), vectors=vec(i), namespaces=["w"], texts=[f"m {i}"], sessions=[None], roles=["u"],
+          created_at_us=np.array([i]), metadata=[{"i": i}])
+    print("a", i, flush=True)
+
+if cfg.get("kill_in_rotate_after") is not None:
+    # SIGKILL this process inside a flush, after LanceDB committed the logged rows and before the log rotated:
+    # the rows are then in both places, the worst moment for a replay.
+    flushes = {"n": 0}
+    orig = _wal.WriteAheadLog.rotate
+    def rotate(self, *args):
+        flushes["n"] += 1
+        if flushes["n"] > cfg["kill_in_rotate_after"]:
+            print("k", flush=True)
+            os.kill(os.getpid(), 9)
+        return orig(self, *args)
+    _wal.WriteAheadLog.rotate = rotate
+
+s = ColdStore(cfg["path"], dim=dim, wal_flush_rows=cfg.get("flush_rows", 512), wal_flush_s=cfg.get("flush_s", 0.5),
+              compact_every_writes=8, compact_every_s=0.5, cleanup_grace_s=1.0)
+first, count = cfg["first"], cfg["count"]
+for j, i in enumerate(range(first, first + count)):
+    add(s, i)
+    if cfg.get("delete_every") and j % cfg["delete_every"] == cfg["delete_every"] - 1:
+        victim = i - 2  # logged moments ago, maybe not flushed yet
+        s.delete([victim])
+        print("d", victim, flush=True)
+    if cfg.get("wait_stdin_after") == j + 1:
+        print("w", flush=True)
+        sys.stdin.readline()
+if cfg.get("torn_tail"):
+    # Half of one more record at the end of the log, as if the process died inside write().
+    wal = _wal.WriteAheadLog(os.path.join(cfg["path"], "_wal"))
+    with wal.locked():
+        wal._refresh_locked()
+        rec = _wal.encode_rows(_wal.Rows(np.array([first + count]), vec(first + count), np.array([0]), ["w"], [None],
+                                         [None], ["torn" * 200], [None]))
+        os.pwrite(wal._wfd, rec[: len(rec) // 2], wal._wend)
+        os.fsync(wal._wfd)
+    print("t", flush=True)
+if cfg.get("exit_without_close"):
+    os.kill(os.getpid(), 9)
+s.close()
+"""
+
+
+def vec(i: int) -> np.ndarray:
+    v = np.random.default_rng(i).standard_normal((1, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def child(tmp_path, **cfg) -> subprocess.Popen:
+    cfg = {"dim": DIM, **cfg, "path": str(cfg["path"])}
+    # cwd away from the checkout: `-c` puts the cwd first on sys.path (the source tree would shadow the package).
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(_CHILD), json.dumps(cfg)], cwd=tmp_path,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def read_events(proc: subprocess.Popen, until=None, timeout: float = 60.0) -> tuple[list[int], list[int]]:
+    """Acknowledged adds and deletes printed by a child, up to `until(adds, deletes)` or its exit."""
+    adds, deletes = [], []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        kind, *rest = line.split()
+        if kind == "a":
+            adds.append(int(rest[0]))
+        elif kind == "d":
+            deletes.append(int(rest[0]))
+        if until is not None and until(adds, deletes, kind):
+            break
+    return adds, deletes
+
+
+def table_ids(store: ColdStore) -> np.ndarray:
+    """Every id row LanceDB itself holds (after flushing the log), duplicates included."""
+    store.flush()
+    data = store._table.search().select(["id"]).limit(None).to_arrow()
+    return np.sort(np.asarray(data.column("id").to_numpy(), np.int64))
+
+
+def check_store(store: ColdStore, present: set[int], absent: set[int]) -> None:
+    ids = table_ids(store)
+    assert ids.shape[0] == np.unique(ids).shape[0], "a row was replayed twice"
+    assert present <= set(ids.tolist()), sorted(present - set(ids.tolist()))[:10]
+    assert not (absent & set(ids.tolist())), sorted(absent & set(ids.tolist()))
+    assert store.count() == ids.shape[0]
+    for i in sorted(present)[:: max(1, len(present) // 25)]:
+        got, scores = store.search(vec(i)[0], k=1)
+        assert got.tolist() == [i] and abs(scores[0] - 1) < 1e-5
+        assert store.get([i])[0]["metadata"] == {"i": i}
+    for i in absent:
+        assert store.get([i])[0] is None
+        assert i not in store.search(vec(i)[0], k=3)[0].tolist()
+
+
+def test_logged_rows_survive_sigkill_mid_add_and_deleted_rows_stay_deleted(tmp_path):
+    path = tmp_path / "cold"
+    present, absent = set(), set()
+    for round_, flush_rows in enumerate((7, 64, 1000)):
+        proc = child(tmp_path, path=path, first=1000 * (round_ + 1), count=100_000, flush_rows=flush_rows,
+                     flush_s=0.05, delete_every=9)
+        adds, deletes = read_events(proc, until=lambda a, d, k: len(a) >= 150)
+        proc.send_signal(signal.SIGKILL)  # somewhere in an add, a delete or a background flush
+        more_adds, more_deletes = read_events(proc)  # what it acknowledged before dying
+        proc.communicate(timeout=10)
+        adds += more_adds
+        deletes += more_deletes
+        assert len(adds) >= 150, proc.stderr
+        present |= set(adds) - set(deletes)
+        absent |= set(deletes)
+        with ColdStore(path, dim=DIM) as store:  # replays the log
+            check_store(store, present - absent, absent)
+
+
+def test_sigkill_after_the_flush_committed_but_before_the_log_rotated(tmp_path):
+    path = tmp_path / "cold"
+    # Deletes flush first (after adds 14, 29, 44, 59); the kill comes at the next flush, close()'s, of adds 60-64.
+    proc = child(tmp_path, path=path, first=0, count=65, flush_rows=10_000, flush_s=3600, delete_every=15,
+                 kill_in_rotate_after=4)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    adds = [int(x.split()[1]) for x in out.splitlines() if x.startswith("a ")]
+    deletes = [int(x.split()[1]) for x in out.splitlines() if x.startswith("d ")]
+    assert "k" in out.split() and len(adds) == 65 and len(deletes) == 4
+    wal_files = sorted(os.listdir(path / "_wal"))
+    with ColdStore(path, dim=DIM) as store:
+        # The rows of the last generation are in LanceDB already and in the log: replayed by id, never twice.
+        check_store(store, set(adds) - set(deletes), set(deletes))
+    assert wal_files  # (the log was there to replay)
+
+
+def test_torn_log_tail_is_dropped_and_the_next_add_lands_cleanly(tmp_path):
+    path = tmp_path / "cold"
+    proc = child(tmp_path, path=path, first=0, count=5, flush_rows=10_000, flush_s=3600, torn_tail=True,
+                 exit_without_close=True)
+    out, err = proc.communicate(timeout=60)
+    assert "t" in out.split(), err
+    with ColdStore(path, dim=DIM) as store:
+        assert store.count() == 5  # the torn sixth record (id 5) was never acknowledged: dropped
+        check_store(store, set(range(5)), {5})
+        store.add(ids=np.array([6]), vectors=vec(6), namespaces=["w"], texts=["m 6"], sessions=[None], roles=[None],
+                  created_at_us=np.array([6]), metadata=[{"i": 6}])
+    with ColdStore(path, dim=DIM) as store:
+        check_store(store, set(range(5)) | {6}, {5})
+
+
+def test_torn_tail_in_the_middle_of_a_live_log_is_cut_before_the_next_append(tmp_path):
+    path = tmp_path / "cold"
+    with ColdStore(path, dim=DIM, wal_flush_rows=10_000, wal_flush_s=3600) as store:
+        for i in range(3):
+            store.add(ids=np.array([i]), vectors=vec(i), namespaces=["w"], texts=[f"m {i}"], sessions=[None],
+                      roles=[None], created_at_us=np.array([i]), metadata=[{"i": i}])
+        wal = store._wal
+        gen = wal.generations()[-1]
+        log = wal.path_of(gen)
+        # Longer than the next add's record, so overwriting in place would leave part of it behind.
+        rec = encode_rows(Rows(np.array([99]), vec(99), np.array([0]), ["w"], [None], [None], ["x" * 500], [None]))
+        bad = bytearray(rec)
+        bad[-3] ^= 0xFF  # whole length, wrong checksum
+        with open(log, "ab") as fh:
+            fh.write(bytes(bad))
+        store.add(ids=np.array([3]), vectors=vec(3), namespaces=["w"], texts=["m 3"], sessions=[None], roles=[None],
+                  created_at_us=np.array([3]), metadata=[{"i": 3}])
+        # The bad record was cut and the new one took its place: the file is 4 intact records, nothing after.
+        with open(log, "rb") as fh:
+            data = fh.read()
+        records, end = parse_records(data[HEADER_SIZE:], HEADER_SIZE)
+        assert len(records) == 4 and end == len(data)
+        assert store.count() == 4
+        check_store(store, {0, 1, 2, 3}, {99})
+
+
+def test_other_processes_see_logged_rows_before_any_flush(tmp_path):
+    path = tmp_path / "cold"
+    with ColdStore(path, dim=DIM, wal_flush_s=3600) as reader:
+        assert reader.count() == 0
+        proc = child(tmp_path, path=path, first=0, count=40, flush_rows=10_000, flush_s=3600, wait_stdin_after=40)
+        adds, _ = read_events(proc, until=lambda a, d, k: k == "w")
+        assert len(adds) == 40
+        assert reader._table.count_rows() == 0  # nothing flushed: the rows live in the log only
+        assert reader.count() == 40
+        for i in adds[::7]:
+            got, scores = reader.search(vec(i)[0], k=1)
+            assert got.tolist() == [i] and abs(scores[0] - 1) < 1e-5
+        assert reader.text_search("m", k=100)[0].shape[0] == 40  # BM25 sees them too
+        # A delete here flushes the other process's logged rows first, then deletes: 7 never comes back.
+        assert reader.delete([7]) == 1
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)  # it closes (flushes) after this
+        assert proc.returncode == 0, err
+        check_store(reader, set(adds) - {7}, {7})
+    with ColdStore(path, dim=DIM) as store:
+        check_store(store, set(adds) - {7}, {7})
+
+
+def test_two_logging_writers_and_a_reader_lose_nothing(tmp_path):
+    path = tmp_path / "cold"
+    with ColdStore(path, dim=DIM) as reader:
+        a = child(tmp_path, path=path, first=10_000, count=300, flush_rows=32, flush_s=0.05)
+        b = child(tmp_path, path=path, first=20_000, count=300, flush_rows=50, flush_s=0.05, delete_every=25)
+        seen = 0
+        while a.poll() is None or b.poll() is None:
+            seen = max(seen, reader.count())  # follows both logs and their flushes while they run
+            time.sleep(0.01)
+        out_a, err_a = a.communicate()
+        out_b, err_b = b.communicate()
+        assert a.returncode == 0 and b.returncode == 0, err_a + err_b
+        deletes = {int(x.split()[1]) for x in out_b.splitlines() if x.startswith("d ")}
+        assert len(deletes) == 12 and seen > 0
+        expected = set(range(10_000, 10_300)) | set(range(20_000, 20_300))
+        check_store(reader, expected - deletes, deletes)
+
+
+def test_log_generations_are_pruned_but_a_lagging_reader_catches_up(tmp_path):
+    path = tmp_path / "cold"
+    with ColdStore(path, dim=DIM, wal_flush_s=3600) as lagging, \
+            ColdStore(path, dim=DIM, wal_flush_s=3600) as writer:
+        writer._wal.retention_s = 0.0  # prune at once: the lagging reader's generation disappears
+        writer._wal.keep_generations = 2
+        for i in range(30):
+            writer.add(ids=np.array([i]), vectors=vec(i), namespaces=["w"], texts=[f"m {i}"], sessions=[None],
+                       roles=[None], created_at_us=np.array([i]), metadata=[{"i": i}])
+            writer.flush()
+        assert len(writer._wal.generations()) <= 3
+        assert lagging.count() == 30  # a gap in the log: it reloads from LanceDB
+        check_store(lagging, set(range(30)), set())
+
+
+def test_adds_go_on_during_a_flush_and_are_carried_into_the_next_generation(tmp_path, monkeypatch):
+    import threading
+    path = tmp_path / "cold"
+
+    def add(store, i):
+        store.add(ids=np.array([i]), vectors=vec(i), namespaces=["w"], texts=[f"m {i}"], sessions=[None],
+                  roles=[None], created_at_us=np.array([i]), metadata=[{"i": i}])
+    with ColdStore(path, dim=DIM, wal_flush_s=3600) as reader, ColdStore(path, dim=DIM, wal_flush_s=3600) as store:
+        for i in range(10):
+            add(store, i)
+        committing, release = threading.Event(), threading.Event()
+        original = store._commit
+
+        def slow_commit(what, fn):
+            if what.startswith("flush"):
+                committing.set()
+                release.wait(30)
+            return original(what, fn)
+        monkeypatch.setattr(store, "_commit", slow_commit)
+        flusher = threading.Thread(target=store.flush)
+        flusher.start()
+        assert committing.wait(30)
+        t0 = time.perf_counter()
+        for i in range(10, 20):
+            add(store, i)  # the flush is inside its LanceDB commit: appends must not wait for it
+        assert time.perf_counter() - t0 < 5
+        release.set()
+        flusher.join(30)
+        monkeypatch.undo()
+        assert store._table.count_rows() == 10  # the flush took rows 0-9; 10-19 were carried into the new generation
+        gen = store._wal.generations()[-1]
+        from tiered_recall.storage._wal import read_header
+        fd = store._wal.open_gen(gen)
+        try:
+            header = read_header(fd)
+        finally:
+            os.close(fd)
+        assert header.carried_len > 0 and header.prev_gen == gen - 1
+        assert reader.count() == 20 and store.count() == 20
+        with ColdStore(path, dim=DIM, wal_flush_s=3600) as late:  # loads the table and the log, then replays it
+            assert late.count() == 20
+        check_store(reader, set(range(20)), set())
+    with ColdStore(path, dim=DIM) as store:
+        check_store(store, set(range(20)), set())
+
+
+def test_wal_options_are_checked(tmp_path):
+    from tiered_recall.errors import InvalidInput
+    for kw in ({"wal": 1}, {"wal_flush_rows": 0}, {"wal_flush_s": 0}, {"wal_flush_rows": True}):
+        with pytest.raises(InvalidInput):
+            ColdStore(tmp_path / "cold", dim=DIM, **kw)
+
+
+def test_log_format_round_trips_and_rejects_a_bad_header(tmp_path):
+    from tiered_recall.storage._wal import decode_rows, parse_records, read_header
+    rows = Rows(np.array([1, 2]), np.vstack([vec(1), vec(2)]), np.array([5, 6]), ["a", "b"], [None, "s"],
+                ["user", None], ["ünïcode", "t"], [None, '{"k": 1}'])
+    rec = encode_rows(rows)
+    (got_offset, payload), = parse_records(rec + rec[:10], 100)[0]
+    assert got_offset == 100 and parse_records(rec + rec[:10], 100)[1] == 100 + len(rec)
+    back = decode_rows(payload)
+    np.testing.assert_array_equal(back.ids, rows.ids)
+    np.testing.assert_array_equal(back.vectors, rows.vectors)
+    assert back.texts == rows.texts and back.sessions == rows.sessions and back.metadata_json == rows.metadata_json
+    wal = WriteAheadLog(str(tmp_path / "w"))
+    path = wal.path_of(wal.generations()[-1])
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert read_header(fd).gen == 1
+        os.pwrite(fd, b"X", 20)
+        with pytest.raises(ValueError, match="bad log header"):
+            read_header(fd)
+    finally:
+        os.close(fd)
+        wal.close()
+    assert HEADER_SIZE == 60
