@@ -23,7 +23,8 @@ and LanceDB cold tier, once per (policy, rule set, hot capacity), each run in a 
                   the same heavy-tailed size distribution, but a namespace's size says nothing
                   about how often it is read.
   Both are reported by default (workload names synthetic-proportional / synthetic-independent);
-  the issue text ("thousands of namespaces with Zipf popularity") fixes neither. Memories arrive in episodes (a run of memories on one topic, a topic is a random
+  the issue text ("thousands of namespaces with Zipf popularity") fixes neither. Namespace names are
+  a random relabelling (t<label>), so a name says nothing about popularity (policies break ties by name). Memories arrive in episodes (a run of memories on one topic, a topic is a random
   direction and a memory is topic + noise); a read references one memory of the namespace with
   age rank r ~ P(r) proportional to (r + 1)^-1.6 (biased to recent memories, a long tail: about 12 % of
   references are older than the 20th newest memory), the query is that memory plus noise. A history
@@ -33,8 +34,22 @@ and LanceDB cold tier, once per (policy, rule set, hot capacity), each run in a 
   time order (conversations interleaved session by session); each question is asked right after
   the session holding its last evidence turn, and again at the end. WordLlama embeddings.
 
-Policies: lru, lfu, recency, lfu+pin, namespace, and namespace+new (the namespace policy with a
-reserve of --new-share of the hot capacity for recently written small namespaces; not run by default).
+Policies: lru, lfu, recency, lfu+pin, namespace, namespace+new (the namespace policy with a
+reserve of --new-share of the hot capacity for recently written small namespaces; not run by default)
+and namespace+prior (the namespace policy valuing each namespace at (aged reads + --prior) / rows, so
+small namespaces never read yet are kept whole and warmed first; not run by default).
+
+--ceilings (synthetic) adds what placement alone can reach with rule 1 at the main capacity, replayed at
+namespace granularity without the sidecar (rule1_ceilings): a policy that knows the true read popularity,
+the best policy that ranks by read counts (Bayes posterior mean under the true popularity law), and the
+prior model of namespace+prior; reported in the workload's JSON entry.
+
+    # the issue's target (10 % capacity), three seeds; ~20 min on 2 loaded cores
+    .venv/bin/python benchmarks/tier_hit_rate.py --workloads synthetic --size-skew independent \
+        --policies lru lfu namespace namespace+new namespace+prior --rule-sets complete+bound complete+bound+tau \
+        --sweep-policies namespace+prior lfu --shares 0.05 0.10 0.20 --ceilings --out results/t7_independent
+    .venv/bin/python benchmarks/tier_hit_rate.py --workloads synthetic --size-skew independent --seed 1 \
+        --policies namespace+new namespace+prior --rule-sets complete+bound --shares 0.10 --ceilings --out results/t7_seed1
 
 Per run: the share of searches answered without the cold tier (rule complete / bound / threshold),
 recall@10 against exact search over all memories of the namespace, latency p50/p99 per path, and
@@ -84,6 +99,8 @@ class Workload:
     tau: float
     pin: list  # namespaces a "pinned" policy pins
     info: dict | None = None  # workload parameters and shape, reported in the JSON
+    read_pop: np.ndarray | None = None  # synthetic: the true read popularity of the i-th most read namespace
+    ns_index: dict | None = None  # synthetic: namespace name -> i (its rank in read popularity)
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -107,6 +124,11 @@ def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, di
         write_pop = pop[np.random.default_rng(seed + 1).permutation(namespaces)]
     else:
         write_pop = pop
+    # names carry no rank: namespace i (i-th most read) is called t<label[i]> for a random label, so a
+    # policy that breaks ties by name learns nothing about popularity from it
+    label = np.random.default_rng(seed + 2).permutation(namespaces)
+    name = [f"t{label[i]}" for i in range(namespaces)]
+    index = {n: i for i, n in enumerate(name)}
     rows: dict[int, list[int]] = {i: [] for i in range(namespaces)}  # ids per namespace, oldest first
     vecs: dict[int, np.ndarray] = {}
     episode: dict[int, tuple[np.ndarray, int]] = {}
@@ -135,7 +157,7 @@ def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, di
     while next_id[0] <= preload_rows:
         ns = int(rng.choice(namespaces, p=write_pop))
         ids, v, t = write(ns, int(rng.integers(1, 4)))
-        preload.append((f"t{ns}", ids, v, t))
+        preload.append((name[ns], ids, v, t))
     ranks = np.arange(1, 100_000, dtype=np.float64) ** -1.6
     events = []
     total = reads + writes
@@ -147,11 +169,11 @@ def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, di
             p = ranks[:n] / ranks[:n].sum()
             target = rows[ns][n - 1 - int(rng.choice(n, p=p))]
             q = unit(vecs[target] + 0.3 * rng.standard_normal(dim) / math.sqrt(dim))
-            events.append(("search", f"t{ns}", q, "first-half" if 2 * e < total else "second-half"))
+            events.append(("search", name[ns], q, "first-half" if 2 * e < total else "second-half"))
         else:
             ids, v, t = write(ns, int(rng.integers(1, 4)))
-            events.append(("add", f"t{ns}", ids, v, t))
-    top = [f"t{i}" for i in range(5)]
+            events.append(("add", name[ns], ids, v, t))
+    top = [name[i] for i in range(5)]
     sizes = np.array([len(rows[i]) for i in range(namespaces)], dtype=np.float64)
     total_rows = next_id[0] - 1
     info = {"size_skew": size_skew, "namespaces": namespaces, "rows": total_rows,
@@ -166,7 +188,7 @@ def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, di
     reads_per_ns = np.zeros(namespaces)
     for ev in events:
         if ev[0] == "search":
-            reads_per_ns[int(ev[1][1:])] += 1
+            reads_per_ns[index[ev[1]]] += 1
     searches, cap = reads_per_ns.sum(), round(0.10 * total_rows)
     budget, oracle = cap, 0.0
     for i in sorted(np.flatnonzero(reads_per_ns), key=lambda i: -reads_per_ns[i] / sizes[i]):
@@ -176,7 +198,116 @@ def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, di
     info.update({"searches": int(searches), "first_read_share": float((reads_per_ns > 0).sum() / searches),
                  "oracle_complete_share_at_10pct": float(oracle / searches),
                  "reads_to_namespaces_larger_than_10pct": float(reads_per_ns[sizes > cap].sum() / searches)})
-    return Workload(f"synthetic-{size_skew}", dim, preload, events, total_rows, tau, top, info)
+    w = Workload(f"synthetic-{size_skew}", dim, preload, events, total_rows, tau, top, info)
+    w.read_pop = pop  # true read popularity of the i-th most read namespace (for rule1_ceilings only)
+    w.ns_index = index  # namespace name -> i
+    return w
+
+
+def rule1_ceilings(w: Workload, share: float = 0.10, prior: float = 0.3, half_life: float = 2000.0) -> dict:
+    """What placement alone can reach with rule 1 at this capacity, replayed at namespace granularity
+    (no sidecar: a namespace is hot-complete or not; rows move as in NamespacePolicy: the chosen set is a
+    greedy knapsack by value per row; warm loads it; a write to a chosen namespace enters, evicting the
+    lowest-valued rows; a miss on a chosen namespace loads it whole). Values per row:
+      true_popularity  the generator's own read probability (knows what no policy can): an upper estimate
+      bayes_counts     the posterior mean read rate given the namespace's read count so far, under the
+                       generator's true popularity distribution as the prior: the best any policy that
+                       ranks by read counts can do
+      prior_model      (aged reads + prior) / rows: NamespacePolicy(prior=...) at namespace granularity
+    Returns {name: {"hit_rate", "hit_rate_2nd_half", "first_read_hit_rate"}}."""
+    names = w.ns_index
+    pop = np.asarray(w.read_pop, dtype=np.float64)
+    n_ns = len(pop)
+    cap = int(round(share * w.total_rows))
+    tie = np.random.default_rng(12345).permutation(n_ns)
+    out = {}
+    for model in ("true_popularity", "bayes_counts", "prior_model"):
+        total = np.zeros(n_ns)
+        for ns, ids, _v, _t in w.preload:
+            total[names[ns]] += len(ids)
+        hot = np.zeros(n_ns)
+        count = np.zeros(n_ns)  # raw read counts (bayes) or aged counts (prior model)
+        count_at = np.zeros(n_ns)
+        state = {"reads": 0, "tick": 0}
+        cache: dict = {}
+
+        def value() -> np.ndarray:
+            size = np.maximum(total, 1)
+            if model == "true_popularity":
+                v = pop / size
+            elif model == "prior_model":
+                v = (count * np.exp2(-(state["tick"] - count_at) / half_life) + prior) / size
+            else:
+                t = state["reads"]
+                rate = np.empty(n_ns)
+                logp = np.log(pop)
+                for n in np.unique(count):
+                    key = (n, t)
+                    if key not in cache:
+                        a = n * logp - pop * t
+                        e = np.exp(a - a.max())
+                        cache[key] = float((e * pop).sum() / e.sum())
+                    rate[count == n] = cache[key]
+                v = rate / size
+            return np.where(total > 0, v, -np.inf)
+
+        def plan(v: np.ndarray) -> np.ndarray:
+            chosen = np.zeros(n_ns, dtype=bool)
+            budget = cap
+            for i in tie[np.argsort(-v[tie], kind="stable")]:  # equal values: a random order, not the rank
+                if not np.isfinite(v[i]):
+                    break
+                if 0 < total[i] <= budget:
+                    chosen[i] = True
+                    budget -= total[i]
+            return chosen
+
+        def make_room(need: float, protect: int, v: np.ndarray) -> bool:
+            if need <= 0:
+                return True
+            for i in tie[np.argsort(v[tie], kind="stable")]:
+                if i == protect or hot[i] <= 0:
+                    continue
+                take = min(hot[i], need)
+                hot[i] -= take
+                need -= take
+                if need <= 0:
+                    return True
+            return False
+
+        v = value()
+        chosen = plan(v)
+        hot[chosen] = total[chosen]
+        hits, first, seen = [], [], set()
+        for ev in w.events:
+            state["tick"] += 1
+            i = names[ev[1]]
+            if ev[0] == "add":
+                m = len(ev[2])
+                total[i] += m
+                v = value()
+                chosen = plan(v)
+                if chosen[i]:
+                    if make_room(hot.sum() + m - cap, i, v):
+                        hot[i] += m
+                else:
+                    hot[i] += min(m, max(0.0, cap - hot.sum()))
+            else:
+                hit = hot[i] == total[i]
+                hits.append(hit)
+                first.append(i not in seen)
+                seen.add(i)
+                state["reads"] += 1
+                count[i] = count[i] * (2.0 ** (-(state["tick"] - count_at[i]) / half_life) if model == "prior_model" else 1.0) + 1
+                count_at[i] = state["tick"]
+                v = value()
+                chosen = plan(v)
+                if not hit and chosen[i] and make_room(hot.sum() + total[i] - hot[i] - cap, i, v):
+                    hot[i] = total[i]
+        hits_a, first_a = np.array(hits), np.array(first)
+        out[model] = {"hit_rate": float(hits_a.mean()), "hit_rate_2nd_half": float(hits_a[len(hits_a) // 2:].mean()),
+                      "first_read_hit_rate": float(hits_a[first_a].mean())}
+    return out
 
 
 def locomo(path: Path, *, tau: float = 0.5, max_conversations: int | None = None) -> Workload:
@@ -229,13 +360,15 @@ def locomo(path: Path, *, tau: float = 0.5, max_conversations: int | None = None
 # ---- replay -------------------------------------------------------------------------------
 
 NEW_SHARE = [0.3]  # --new-share: the namespace+new policy's reserve for new rows (share of the capacity)
+PRIOR = [0.3]  # --prior: the namespace+prior policy's prior reads per namespace
 
 
 def make_policy(name: str, pin: list[str]):
     return {"lru": lambda: LRU(), "lfu": lambda: LFU(half_life=2000), "recency": lambda: RecencyWindow(),
             "lfu+pin": lambda: LFU(half_life=2000, pin_namespaces=pin),
             "namespace": lambda: NamespacePolicy(half_life=2000),
-            "namespace+new": lambda: NamespacePolicy(half_life=2000, new_share=NEW_SHARE[0])}[name]()
+            "namespace+new": lambda: NamespacePolicy(half_life=2000, new_share=NEW_SHARE[0]),
+            "namespace+prior": lambda: NamespacePolicy(half_life=2000, prior=PRIOR[0])}[name]()
 
 
 RULE_SETS = {"complete": (("complete",), None), "complete+bound": (("complete", "bound"), None),
@@ -449,9 +582,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-share", type=float, default=NEW_SHARE[0],
                     help="policy namespace+new: share of the hot capacity reserved for the newest rows of "
                          "namespaces not kept whole")
+    ap.add_argument("--prior", type=float, default=PRIOR[0],
+                    help="policy namespace+prior: reads credited to every namespace before its reads are seen "
+                         "(value per row = (aged reads + prior) / rows; unread small namespaces are kept whole)")
+    ap.add_argument("--seed", type=int, default=0, help="synthetic: the workload's random seed")
+    ap.add_argument("--ceilings", action="store_true",
+                    help="synthetic: also replay placement alone at namespace granularity (no sidecar) at the main "
+                         "capacity: a policy knowing the true popularity, the best read-count policy (Bayes "
+                         "posterior under the true popularity law) and the prior model (see rule1_ceilings)")
     ap.add_argument("--out", default=str(REPO / "results" / "tier_hit_rate"))
     args = ap.parse_args(argv)
     NEW_SHARE[0] = args.new_share
+    PRIOR[0] = args.prior
     if args.quick:
         args.namespaces, args.preload, args.writes, args.reads = 200, 2000, 150, 600
     out = Path(args.out)
@@ -464,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         for wl, skew in todo:
             if wl == "synthetic":
                 w = synthetic(namespaces=args.namespaces, preload_rows=args.preload, writes=args.writes, reads=args.reads,
-                              size_skew=skew)
+                              size_skew=skew, seed=args.seed)
                 main_share, shares = args.main_share, args.shares
             else:
                 if not LOCOMO.exists():
@@ -472,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 w = locomo(LOCOMO, max_conversations=2 if args.quick else args.locomo_conversations)
                 main_share, shares = args.locomo_main_share, args.locomo_shares
+            if w.info is not None and args.ceilings and w.read_pop is not None:
+                w.info["rule1_ceilings"] = rule1_ceilings(w, main_share, prior=args.prior)
             if w.info:
                 print(f"{w.name}: {json.dumps(w.info)}", flush=True)
                 workloads_info[w.name] = w.info

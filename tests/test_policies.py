@@ -1,6 +1,7 @@
 """Placement policies (LRU, LFU with ageing, recency window, pinning), capacity in bytes, rules recorded, scoring."""
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime, timezone
 
@@ -229,11 +230,11 @@ def test_namespace_policy_with_pinning(open_memory):
     assert memory.stats()["hot_rows"] <= 10
 
 
-@pytest.mark.parametrize("new_share", [0.0, 0.3])
-def test_namespace_policy_is_exact_across_adds_deletes_and_evictions(open_memory, new_share):
+@pytest.mark.parametrize("new_share, prior", [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5), (0.2, 0.3)])
+def test_namespace_policy_is_exact_across_adds_deletes_and_evictions(open_memory, new_share, prior):
     rng = np.random.default_rng(10)
     cap = 40
-    memory = open_memory(hot_capacity=cap, policy=NamespacePolicy(half_life=200, new_share=new_share),
+    memory = open_memory(hot_capacity=cap, policy=NamespacePolicy(half_life=200, new_share=new_share, prior=prior),
                          rules=("complete", "bound"))
     names = [f"n{i}" for i in range(8)]
     weight = np.array([8, 6, 4, 3, 2, 1, 1, 1], dtype=np.float64)
@@ -350,3 +351,64 @@ def test_namespace_policy_new_share_validation():
     p.observe("b", 1)
     assert p.reserve(10) == 3 and p.chosen(1, 10) == {"a"}, "the reserve leaves 7 rows: b (8) no longer fits"
     assert NamespacePolicy().reserve(10) == 0 and NamespacePolicy().chosen(0, 10) == set()
+
+
+# ---- namespace policy with a prior: small namespaces whole before any read --------------------
+
+def test_namespace_policy_prior_values_unread_namespaces_by_size_and_validates():
+    for bad in (-0.1, math.inf, math.nan, True, "0.3", None):
+        with pytest.raises(InvalidInput):
+            NamespacePolicy(prior=bad)
+    p = NamespacePolicy(half_life=10_000, prior=0.5)
+    p.set_sizes({"tiny": 1, "small": 3, "mid": 6, "big": 30})
+    # no reads yet: value prior / rows, so the smallest namespaces fill the capacity first
+    assert p.chosen(0, 10) == {"tiny", "small", "mid"}
+    assert p.chosen(0, 4) == {"tiny", "small"}
+    assert p.warm_namespaces(0, 4) == {"tiny", "small"}
+    assert NamespacePolicy().warm_namespaces(0, 4) == set(), "without a prior nothing unread is chosen"
+    assert LRU().warm_namespaces(0, 4) is None, "row policies warm with the newest rows"
+    # reads move the choice: mid read 3 times is worth (3 + 0.5) / 6 per row, above small's 0.5 / 3
+    for t in (1, 2, 3):
+        p.observe("mid", t)
+    assert p.chosen(3, 9) == {"mid", "tiny"}  # mid (6), tiny (1); small (3) no longer fits
+    assert p.density("big", 3) == pytest.approx(0.5 / 30)
+    assert p.describe() == "namespace(half_life=10000, prior=0.5)"
+    p.set_sizes({"tiny": 0})
+    assert "tiny" not in p.chosen(3, 9)
+
+
+def test_namespace_policy_prior_warms_small_namespaces_whole_and_answers_their_first_reads(open_memory, tmp_path):
+    rng = np.random.default_rng(12)
+    path = tmp_path / "prior-store"
+    sizes = {"s1": 1, "s2": 2, "s3": 3, "m8": 8, "big": 30}
+    rows: dict[str, tuple[list[int], np.ndarray]] = {}
+    writer = open_memory(path, device="none")
+    next_id = 0
+    for step, (ns, n) in enumerate(sizes.items()):
+        x = unit_rows(rng, n)
+        ids = list(range(next_id, next_id + n))
+        next_id += n
+        # big is written last, so warming by recency would fill the tier with big's rows
+        writer.add(["m"] * n, vectors=x, ids=ids, namespace=ns, created_at=1_700_000_000.0 + step)
+        rows[ns] = (ids, x)
+    writer.close()
+    memory = open_memory(path, hot_capacity=16, policy=NamespacePolicy(half_life=10_000, prior=0.3),
+                         rules=("complete", "bound"))
+    memory.stats()  # starts the sidecar, which warms the tier
+    for ns in ("s1", "s2", "s3", "m8"):  # 14 rows: the smallest namespaces are loaded whole
+        assert hot_ids(memory, rows[ns][0]) == set(rows[ns][0]), ns
+    assert len(hot_ids(memory, rows["big"][0])) == 2, "the rows left over go to the newest rows of the rest"
+    for ns in ("s1", "s2", "s3", "m8"):  # first reads, answered by rule 1, exactly
+        ids, x = rows[ns]
+        report = memory.search(x[0], k=3, namespace=ns, explain=True)
+        want = np.array(ids)[np.lexsort((ids, -(x @ x[0])))][:3].tolist()
+        assert report.rule == "complete" and [h.id for h in report.hits] == want
+    assert memory.search(rows["big"][1][0], k=3, namespace="big", explain=True).rule == "cold"
+    # a new small namespace is chosen at its first write (its 2 rows fit beside the 14 chosen ones)
+    xn = unit_rows(rng, 2)
+    memory.add(["m"] * 2, vectors=xn, ids=[500, 501], namespace="new", created_at=1_700_001_000.0)
+    assert hot_ids(memory, [500, 501]) == {500, 501}
+    assert memory.search(xn[1], k=2, namespace="new", explain=True).rule == "complete"
+    stats = memory.stats()
+    assert stats["hot_rows"] <= 16 and stats["rows_moved"]["sidecar_evicted"] == 0
+    assert stats["policy"] == "namespace(half_life=10000, prior=0.3)"

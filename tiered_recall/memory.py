@@ -358,15 +358,28 @@ class TieredMemory:
         return hot
 
     def _warm(self, hot: HotTier) -> None:
-        """Fills a fresh hot tier with the most recent rows of the cold tier and publishes totals."""
-        recent = self.cold.recent(hot.capacity)
+        """Fills a fresh hot tier and publishes totals: the namespaces the policy keeps whole first
+        (Policy.warm_namespaces), then the most recent rows of the cold tier while there is room."""
+        counts = self.cold.namespace_counts()
+        self.policy.set_sizes(counts, replace=True)
+        whole = self.policy.warm_namespaces(self._tick, hot.capacity)
+        if whole:
+            every = self.cold.recent(max(1, self.cold.count()))  # newest first
+            in_whole = np.array([ns in whole for ns in every["namespace"]], dtype=bool)
+            pick = np.concatenate([np.flatnonzero(in_whole), np.flatnonzero(~in_whole)])[: hot.capacity]
+            pick = np.sort(pick)  # back to newest first
+            recent = {"ids": every["ids"][pick], "vectors": every["vectors"][pick],
+                      "namespace": [every["namespace"][j] for j in pick],
+                      "created_at_us": every["created_at_us"][pick]}
+        else:
+            recent = self.cold.recent(hot.capacity)
         ids = recent["ids"]
         if len(ids):
             order = np.arange(len(ids))[::-1]  # oldest first, so the newest end most recently used
             hashes = np.array([namespace_hash(ns) for ns in recent["namespace"]], dtype=np.uint64)
             hot.upsert(ids[order], recent["vectors"][order], hashes[order],
                        created_at_us=recent["created_at_us"][order])
-        self._publish_totals(hot, self.cold.namespace_counts())
+        self._publish_totals(hot, self.cold.namespace_counts())  # read again: the newest totals win
 
     # ---- hot-set tracking and rule-2 bounds --------------------------------------------------
 

@@ -10,10 +10,14 @@ namespaces are never evicted.
     RecencyWindow(rows_per_namespace=None)   newest rows by created_at; with rows_per_namespace,
                                        also at most that many rows of any one namespace;
                                        cold hits are not promoted (they would be evicted first)
-    NamespacePolicy(half_life=1000, new_share=0.0)
+    NamespacePolicy(half_life=1000, new_share=0.0, prior=0.0)
                                        whole namespaces: keeps complete namespaces hot (so skip rule 1
-                                       answers them exactly), chosen greedily by reads per row (reads
-                                       age like LFU counts) within the capacity left after pinning and
+                                       answers them exactly), chosen greedily by expected reads per row,
+                                       (aged read count + prior) / rows (a knapsack filled by value per
+                                       row; with prior > 0 a namespace never read yet is worth prior /
+                                       rows, so small ones are kept whole by default and are complete at
+                                       their first read; a fresh hot tier is warmed with the chosen
+                                       namespaces), within the capacity left after pinning and
                                        the new-row reserve; a cold-path search of a chosen namespace
                                        loads all of it; other namespaces keep their newest rows in what
                                        room is left; new_share (0 <= new_share < 1) of the capacity is
@@ -26,6 +30,7 @@ Policy state is per process (see TieredMemory): with several writers the sidecar
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import numpy as np
@@ -68,6 +73,10 @@ class Policy:
     def admit(self, table: HotSet, namespace: str, m: int, now: int) -> int:
         """How many of m new rows of namespace may enter the hot tier (the newest ones win)."""
         return m
+
+    def warm_namespaces(self, now: int, capacity: int) -> set[str] | None:
+        """Namespaces to load whole when a fresh hot tier is warmed (sizes set first); None: the newest rows."""
+        return None
 
     def is_pinned(self, row_id: int, namespace: str) -> bool:
         return row_id in self.pinned_ids or namespace in self.pinned_namespaces
@@ -150,20 +159,31 @@ class NamespacePolicy(Policy):
     most R rows always enter (displacing rows outside the reserve first, then the reserve's oldest);
     other new rows follow the admission rule above. A small namespace written recently is then
     complete when it is first read, before any read history could choose it.
+
+    prior (>= 0; default 0): reads credited to every namespace with rows, so the density is (aged
+    read count + prior) / total rows and namespaces never read are candidates too, valued by prior /
+    rows: with no read history the greedy choice keeps the smallest namespaces whole (the most
+    namespaces per row of capacity), and reads then move the choice towards the namespaces read most
+    per row. The prior is the reads a namespace is expected to get before its read count says more:
+    a small prior trusts history sooner, a large one keeps more small unread namespaces. A fresh hot
+    tier is warmed with the chosen namespaces (warm_namespaces), not the newest rows.
     """
 
     name = "namespace"
     promote = False
     admission = True
 
-    def __init__(self, *, half_life: float = 1000.0, new_share: float = 0.0, **kw) -> None:
+    def __init__(self, *, half_life: float = 1000.0, new_share: float = 0.0, prior: float = 0.0, **kw) -> None:
         super().__init__(**kw)
         if isinstance(half_life, bool) or not isinstance(half_life, (int, float)) or not half_life > 0:
             raise InvalidInput(f"half_life must be > 0 ticks, got {half_life!r}")
         if isinstance(new_share, bool) or not isinstance(new_share, (int, float)) or not 0 <= new_share < 1:
             raise InvalidInput(f"new_share must be a share of the capacity in [0, 1), got {new_share!r}")
+        if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not 0 <= prior < math.inf:
+            raise InvalidInput(f"prior must be a finite number of reads >= 0, got {prior!r}")
         self.half_life = float(half_life)
         self.new_share = float(new_share)
+        self.prior = float(prior)
         self.heat: dict[str, tuple[float, int]] = {}  # namespace -> (read count, tick it was last aged to)
         self.sizes: dict[str, int] = {}
         self._version = 0
@@ -188,8 +208,22 @@ class NamespacePolicy(Policy):
         self._version += 1
 
     def density(self, namespace: str, now: int) -> float:
+        """Expected reads per row: (aged read count + prior) / total rows."""
         count, at = self.heat.get(namespace, (0.0, now))
-        return count * 2.0 ** (-(now - at) / self.half_life) / max(1, self.sizes.get(namespace, 1))
+        return (count * 2.0 ** (-(now - at) / self.half_life) + self.prior) / max(1, self.sizes.get(namespace, 1))
+
+    def _densities(self, now: int) -> dict[str, float]:
+        """density() of every namespace that counts: the read ones, and with a prior every one with rows."""
+        names = list(self.heat)
+        if self.prior > 0:
+            names += [ns for ns in self.sizes if ns not in self.heat]
+        if not names:
+            return {}
+        counts = np.array([self.heat.get(ns, (0.0, now))[0] for ns in names], dtype=np.float64)
+        ats = np.array([self.heat.get(ns, (0.0, now))[1] for ns in names], dtype=np.float64)
+        sizes = np.array([max(1, self.sizes.get(ns, 1)) for ns in names], dtype=np.float64)
+        dens = (counts * np.exp2(-(now - ats) / self.half_life) + self.prior) / sizes
+        return dict(zip(names, dens.tolist()))
 
     def reserve(self, capacity: int) -> int:
         """Rows of a hot tier of this capacity kept for recently written namespaces that are not chosen."""
@@ -202,7 +236,7 @@ class NamespacePolicy(Policy):
             return c[3], c[4]
         budget = capacity - len(self.pinned_ids) - sum(self.sizes.get(ns, 0) for ns in self.pinned_namespaces) \
             - self.reserve(capacity)
-        dens = {ns: self.density(ns, now) for ns in self.heat}
+        dens = self._densities(now)
         chosen: set[str] = set()
         for ns in sorted(dens, key=lambda n: (-dens[n], self.sizes.get(n, 0), n)):
             size = self.sizes.get(ns, 0)
@@ -263,6 +297,9 @@ class NamespacePolicy(Policy):
     def whole_namespace(self, namespace, now, capacity):
         return namespace not in self.pinned_namespaces and namespace in self._plan(now, capacity)[0]
 
+    def warm_namespaces(self, now: int, capacity: int) -> set[str] | None:
+        return self.chosen(now, capacity) | {ns for ns in self.pinned_namespaces if ns in self.sizes}
+
     def admit(self, table, namespace, m, now):
         chosen, ranks = self._plan(now, table.capacity)
         free = table.capacity - len(table)
@@ -278,9 +315,8 @@ class NamespacePolicy(Policy):
         return max(0, min(m, room))
 
     def describe(self) -> str:
-        if self.new_share:
-            return f"namespace(half_life={self.half_life:g}, new_share={self.new_share:g})"
-        return f"namespace(half_life={self.half_life:g})"
+        extra = "".join(f", {name}={v:g}" for name, v in (("new_share", self.new_share), ("prior", self.prior)) if v)
+        return f"namespace(half_life={self.half_life:g}{extra})"
 
 
 POLICIES = {"lru": LRU, "lfu": LFU, "recency": RecencyWindow, "namespace": NamespacePolicy}
