@@ -1,10 +1,31 @@
-"""Soak (issue 8, part 5): mixed operations from many processes on one store (search, add, delete, re-ingest);
-resident memory, open file descriptors, shared-memory segments and GPU memory before and after, printed.
+"""Soak (issue 8, part 5): mixed operations from many processes on one store (search, add, delete, re-ingest),
+all through the public TieredMemory API; resident memory, open file descriptors, shared-memory segments and
+GPU memory before and after, printed.
 
     python benchmarks/soak.py --processes 8 --ops 1000000
+    python benchmarks/soak.py --processes 8 --ops 20000 --profile /tmp/soak-prof   (cProfile per worker)
 
---ops is the total over all processes. Before = the store open and its sidecar warm; after = every worker
-done and closed, the sidecar gone once orphaned. Prints one JSON line.
+--ops is the total over all processes (each worker does ops / processes, after its own warm-up).
+
+Measurement points (the same point of the life cycle on both sides):
+  before = every worker has started, opened the store and done --warmup operations of the same mix
+           (so imports, LanceDB/Arrow thread pools, caches and the sidecar's first growth are behind us);
+  after  = every worker has done its measured operations, still attached (store open), the parent idle.
+Both are taken in the parent (its own process, the sidecar, /dev/shm, the GPU) while the workers wait on a
+barrier, and by each worker for itself. Each worker also samples its RSS and fd count at 10 points of its run,
+so growth per operation can be told from a one-time step. Finally, after every process has closed the store:
+is the sidecar gone, is /dev/shm as it was at the start, and GPU memory (or "no GPU").
+
+Where a mixed operation's time goes: count, total and mean ms per kind, and the store's cross-process write lock
+(TieredMemory._write_lock, timed from outside): total wait, total held, mean held per add and per delete, and
+the share of wall time some process held it. A share near 1.0 means the run is bound by the serialised write
+section (commit + cross-process sync), not by searches or the soak. --profile DIR writes a cProfile per worker.
+
+GPU: on a machine with nvidia-smi, device memory in all and per sidecar process before, after and after close
+(--device cuda); otherwise "no GPU". --lance-cache-mib N (diagnostic) caps LanceDB's per-connection metadata and
+index caches (default 1 GiB and 6 GiB), to tell LanceDB's version-metadata cache from a leak.
+
+Prints one JSON line (and a summary line on stderr; progress every 60 s).
 """
 from __future__ import annotations
 
@@ -12,7 +33,9 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 DIM = 32
+KINDS = ("search", "add", "delete", "ingest")
 
 
 def embed(texts):
@@ -32,11 +56,40 @@ def embed(texts):
     return out
 
 
+DEVICE = os.environ.get("TR_SOAK_DEVICE", "cpu")  # --device sets it; spawned workers inherit the environment
+LANCE_CACHE_MIB = os.environ.get("TR_SOAK_LANCE_CACHE_MIB")  # --lance-cache-mib (diagnostic), inherited likewise
+
+
+def _cap_lance_caches() -> None:
+    """Diagnostic (--lance-cache-mib): every lancedb.connect in this process gets a Session whose metadata and
+    index caches hold at most that many MiB (LanceDB's defaults: 1 GiB and 6 GiB per connection). Shows
+    whether RSS growth is LanceDB's per-version metadata cache; the cold tier itself does not set a session."""
+    if not LANCE_CACHE_MIB:
+        return
+    import lancedb
+
+    if getattr(lancedb.connect, "_soak_capped", False):
+        return
+    cap = int(float(LANCE_CACHE_MIB) * (1 << 20))
+    session = lancedb.Session(index_cache_size_bytes=cap, metadata_cache_size_bytes=cap)
+    real = lancedb.connect
+
+    def connect(*args, **kwargs):
+        kwargs.setdefault("session", session)
+        return real(*args, **kwargs)
+
+    connect._soak_capped = True
+    lancedb.connect = connect
+
+
 def _open(store: Path):
     from tiered_recall.memory import TieredMemory
 
-    return TieredMemory(store, embedder=embed, device="cpu", hot_capacity=20_000, timeout_s=5.0, orphan_grace_s=2.0)
+    _cap_lance_caches()
+    return TieredMemory(store, embedder=embed, device=DEVICE, hot_capacity=20_000, timeout_s=5.0, orphan_grace_s=2.0)
 
+
+# ---- process figures -------------------------------------------------------------------------------
 
 def rss_kb(pid: int) -> int | None:
     try:
@@ -48,112 +101,347 @@ def rss_kb(pid: int) -> int | None:
     return None
 
 
-def fds(pid: int) -> int | None:
+def fd_targets(pid: int) -> list[str] | None:
+    """What each open fd points at, with store paths and numbers folded so two lists compare by kind."""
     try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
+        names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return None
+    out = []
+    for n in names:
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{n}"))
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def fds(pid: int) -> int | None:
+    t = fd_targets(pid)
+    return None if t is None else len(t)
+
+
+def threads(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return None
+
+
+def _fold(target: str, tmp: str) -> str:
+    import re
+
+    target = target.replace(tmp, "<tmp>")
+    target = re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27,}", "<uuid>", target)
+    return re.sub(r"\[\d+\]", "[n]", target)
+
+
+def fd_kinds(pid: int, tmp: str) -> dict[str, int]:
+    from collections import Counter
+
+    return dict(Counter(_fold(t, tmp) for t in fd_targets(pid) or []))
 
 
 def shm_segments() -> list[str]:
     return sorted(p for p in os.listdir("/dev/shm") if p.startswith("tiered-recall."))
 
 
-def gpu_used_mib() -> int | None:
+def gpu_figures(pids: list[int]) -> dict | str:
+    """Device memory used in all and by the given processes, or "no GPU" when nvidia-smi sees none."""
+    if shutil.which("nvidia-smi") is None:
+        return "no GPU"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-        return int(out.stdout.split()[0]) if out.returncode == 0 else None
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return None
+        total = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=20)
+        if total.returncode != 0 or not total.stdout.strip():
+            return "no GPU"
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20)
+        per = {}
+        for line in apps.stdout.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) in pids:
+                per[int(parts[0])] = int(parts[1])
+        return {"used_mib": [int(x) for x in total.stdout.split()], "by_pid_mib": per}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return "no GPU"
 
 
-def _worker(store: str, worker: int, ops: int, chat: str, queue) -> None:
-    from tiered_recall import ingest
-    from tiered_recall.errors import TieredRecallError
+def _snap(pid: int, tmp: str) -> dict:
+    return {"rss_kb": rss_kb(pid), "fds": fds(pid), "threads": threads(pid), "fd_kinds": fd_kinds(pid, tmp)}
 
-    rng = np.random.default_rng(worker)
+
+# ---- the worker ----------------------------------------------------------------------------------
+
+class _Mix:
+    """The operation mix, one draw per operation: 85 % search (half scoped to the worker's namespace),
+    8 % add, 4 % delete of one of its own rows, 3 % re-ingest of the shared chat file (adds nothing new)."""
+
     words = "apple river mountain coffee train doctor garden holiday budget slides vet allergy".split()
-    counts = {"search": 0, "add": 0, "delete": 0, "ingest": 0, "errors": 0}
-    mine: list[int] = []
+
+    def __init__(self, memory, worker: int, chat: str, seed: int) -> None:
+        from tiered_recall import ingest
+
+        self.memory, self.worker, self.chat, self.ingest = memory, worker, chat, ingest
+        self.rng = np.random.default_rng(seed)
+        self.mine: list[int] = []
+        self.counts = {k: 0 for k in KINDS} | {"errors": 0}
+        self.seconds = {k: 0.0 for k in KINDS}
+        self.max_s = {k: 0.0 for k in KINDS}
+        self.i = 0
+        self.kind = ""
+        self.lock_wait_s = {k: 0.0 for k in KINDS}
+        self.lock_held_s = {k: 0.0 for k in KINDS}
+        self.lock_n = {k: 0 for k in KINDS}
+        self._watch_write_lock()
+
+    def _watch_write_lock(self) -> None:
+        """Times the store's cross-process write lock (private: TieredMemory._write_lock): how long a write
+        waits for other processes' writes, and how long it holds the lock (what every writer queues behind)."""
+        import contextlib
+
+        inner = self.memory._write_lock
+
+        @contextlib.contextmanager
+        def timed():
+            t0 = time.perf_counter()
+            with inner():
+                t1 = time.perf_counter()
+                try:
+                    yield
+                finally:
+                    self.lock_wait_s[self.kind] += t1 - t0
+                    self.lock_held_s[self.kind] += time.perf_counter() - t1
+                    self.lock_n[self.kind] += 1
+
+        self.memory._write_lock = timed
+
+    def _timed(self, kind: str, fn):
+        self.kind = kind
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+        self.counts[kind] += 1
+        self.seconds[kind] += dt
+        self.max_s[kind] = max(self.max_s[kind], dt)
+        return out
+
+    def step(self) -> None:
+        from tiered_recall.errors import TieredRecallError
+
+        rng, m, w = self.rng, self.memory, self.worker
+        r = rng.random()
+        self.i += 1
+        try:
+            if r < 0.85 or not self.mine:
+                q = " ".join(rng.choice(self.words, 3))
+                self._timed("search", lambda: m.search(q, k=5, namespace=f"w{w}" if r < 0.5 else None))
+            if 0.85 <= r < 0.93 or not self.mine:
+                text = " ".join(rng.choice(self.words, 6)) + f" {w}-{self.i}"
+                self.mine += self._timed("add", lambda: m.add([text], namespace=f"w{w}"))
+            elif 0.93 <= r < 0.97:
+                victim = self.mine.pop(int(rng.integers(len(self.mine))))
+                self._timed("delete", lambda: m.delete([victim]))
+            elif r >= 0.97:
+                self._timed("ingest", lambda: self.ingest([self.chat], memory=m, namespace="chat", progress=False))
+        except TieredRecallError:
+            self.counts["errors"] += 1
+
+    def reset_counters(self) -> None:
+        self.counts = {k: 0 for k in KINDS} | {"errors": 0}
+        self.seconds = {k: 0.0 for k in KINDS}
+        self.max_s = {k: 0.0 for k in KINDS}
+        self.lock_wait_s = {k: 0.0 for k in KINDS}
+        self.lock_held_s = {k: 0.0 for k in KINDS}
+        self.lock_n = {k: 0 for k in KINDS}
+
+
+def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str, warm_barrier, done_barrier,
+            close_barrier, queue, profile_dir: str | None, done_ops) -> None:
+    t_spawned = time.monotonic()
+    me = os.getpid()
     memory = _open(Path(store))
-    rss_start = rss_kb(os.getpid())
-    try:
-        for i in range(ops):
-            r = rng.random()
-            try:
-                if r < 0.85 or not mine:
-                    memory.search(" ".join(rng.choice(words, 3)), k=5, namespace=f"w{worker}" if r < 0.5 else None)
-                    counts["search"] += 1
-                if r >= 0.85 and r < 0.93 or not mine:
-                    mine += memory.add([" ".join(rng.choice(words, 6)) + f" {worker}-{i}"], namespace=f"w{worker}")
-                    counts["add"] += 1
-                elif r >= 0.93 and r < 0.97:
-                    memory.delete([mine.pop(int(rng.integers(len(mine))))])
-                    counts["delete"] += 1
-                elif r >= 0.97:
-                    ingest([chat], memory=memory, namespace="chat", progress=False)  # re-ingest: adds nothing new
-                    counts["ingest"] += 1
-            except TieredRecallError:
-                counts["errors"] += 1
-    finally:
-        rss_end = rss_kb(os.getpid())
-        memory.close()
-    queue.put({"worker": worker, **counts, "rss_start_kb": rss_start, "rss_end_kb": rss_end})
+    t_opened = time.monotonic()
+    mix = _Mix(memory, worker, chat, seed=worker)
+    for _ in range(warmup):
+        mix.step()
+    warm_counts = dict(mix.counts)
+    mix.reset_counters()
+    warm_barrier.wait()  # the parent takes "before" now, with every worker warm
+    before = _snap(me, tmp)
+    trajectory = []
+    every = max(1, ops // 10)
+    prof = None
+    if profile_dir:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    t0 = time.monotonic()
+    for i in range(ops):
+        mix.step()
+        if (i & 255) == 255:
+            done_ops[worker] = i + 1  # progress for the parent's log (no lock: one writer per cell)
+        if (i + 1) % every == 0:
+            trajectory.append((i + 1, round(time.monotonic() - t0, 1), rss_kb(me), fds(me)))
+    elapsed = time.monotonic() - t0
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(os.path.join(profile_dir, f"worker{worker}.prof"))
+    after = _snap(me, tmp)
+    queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
+               **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
+               "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
+               "write_lock": {k: [mix.lock_n[k], mix.lock_wait_s[k], mix.lock_held_s[k]] for k in KINDS},
+               "before": before, "after": after, "trajectory": trajectory, "rows_mine": len(mix.mine)})
+    done_barrier.wait()  # the parent takes "after" now, with every worker still attached
+    close_barrier.wait()
+    memory.close()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--processes", type=int, default=8)
-    ap.add_argument("--ops", type=int, default=1_000_000, help="total operations over all processes")
-    args = ap.parse_args()
+# ---- the parent ----------------------------------------------------------------------------------
+
+def _diff_kinds(a: dict, b: dict) -> dict:
+    keys = set(a) | set(b)
+    return {k: b.get(k, 0) - a.get(k, 0) for k in sorted(keys) if b.get(k, 0) != a.get(k, 0)}
+
+
+def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, progress: bool = True) -> dict:
+    from tiered_recall.sidecar import segment_path
+
     with tempfile.TemporaryDirectory(prefix="tr-soak-") as tmp:
         store = Path(tmp) / "store"
         chat = Path(tmp) / "chat.jsonl"
-        chat.write_text("".join(json.dumps({"session": "s1", "role": "user", "content": f"soak turn {i} about coffee"}) + "\n"
-                                for i in range(20)))
-        shm_before = shm_segments()
-        gpu_before = gpu_used_mib()
+        chat.write_text("".join(json.dumps({"session": "s1", "role": "user", "content": f"soak turn {i} about coffee"})
+                                + "\n" for i in range(20)))
+        me = os.getpid()
+        shm_start = shm_segments()
+        gpu_start = gpu_figures([])
+        parent_at_start = _snap(me, tmp)
         memory = _open(store)
         memory.add(["seed memory about apples"], namespace="w0")
         from tiered_recall.ingest import ingest
 
         ingest([str(chat)], memory=memory, namespace="chat", progress=False)
         sidecar = memory._hot.owner_pid if memory._hot is not None else 0
-        me = os.getpid()
-        # warm-up: a first round so lazy imports and caches are in "before"
-        for _ in range(50):
-            memory.search("coffee", k=5)
-        before = {"sidecar_rss_kb": rss_kb(sidecar), "sidecar_fds": fds(sidecar), "parent_rss_kb": rss_kb(me),
-                  "parent_fds": fds(me), "shm_segments": len(shm_segments()), "gpu_used_mib": gpu_used_mib()}
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        per = max(1, args.ops // args.processes)
-        t0 = time.monotonic()
-        procs = [ctx.Process(target=_worker, args=(str(store), w, per, str(chat), queue)) for w in range(args.processes)]
+        warm_b, done_b, close_b = (ctx.Barrier(processes + 1) for _ in range(3))
+        done_ops = ctx.Array("q", processes, lock=False)
+        per = max(1, ops // processes)
+        t_start = time.monotonic()
+        procs = [ctx.Process(target=_worker, args=(str(store), tmp, w, per, warmup, str(chat), warm_b, done_b, close_b,
+                                                    queue, profile_dir, done_ops)) for w in range(processes)]
         for p in procs:
             p.start()
-        results = [queue.get(timeout=24 * 3600) for _ in procs]
-        for p in procs:
-            p.join(60)
-        elapsed = time.monotonic() - t0
+        warm_b.wait(timeout=3600)
+        t_warm = time.monotonic()
+        for _ in range(50):  # the parent's own warm-up: the same searches it repeats at "after"
+            memory.search("coffee", k=5)
+        before = {"parent": _snap(me, tmp), "sidecar": _snap(sidecar, tmp), "shm_segments": shm_segments(),
+                  "gpu": gpu_figures([sidecar])}
+        results = []
+        deadline = time.monotonic() + 24 * 3600
+        last = (time.monotonic(), 0)
+        while len(results) < processes and time.monotonic() < deadline:
+            try:
+                results.append(queue.get(timeout=60))
+            except Exception:
+                if not all(p.is_alive() for p in procs) and queue.empty():
+                    break
+                if progress:
+                    now, n = time.monotonic(), sum(done_ops[:])
+                    print(f"[soak] {n} of {per * processes} ops after {now - t_warm:.0f} s "
+                          f"({(n - last[1]) / (now - last[0]):.0f} ops/s lately; {len(results)}/{processes} workers done), "
+                          f"worker RSS MB {[round((rss_kb(p.pid) or 0) / 1024) for p in procs]}", file=sys.stderr, flush=True)
+                    last = (now, n)
+        elapsed = time.monotonic() - t_warm
+        done_b.wait(timeout=600)
         for _ in range(50):
             memory.search("coffee", k=5)
-        after_open = {"sidecar_rss_kb": rss_kb(sidecar), "sidecar_fds": fds(sidecar), "parent_rss_kb": rss_kb(me),
-                      "parent_fds": fds(me), "shm_segments": len(shm_segments()), "gpu_used_mib": gpu_used_mib()}
+        after = {"parent": _snap(me, tmp), "sidecar": _snap(sidecar, tmp), "shm_segments": shm_segments(),
+                 "gpu": gpu_figures([sidecar])}
         rows = memory.count()
+        parent_stats = memory.stats()
+        close_b.wait(timeout=600)
+        for p in procs:
+            p.join(120)
+            p.close()  # drops the process's sentinel fd now, not at garbage collection
+        queue.close()
+        queue.join_thread()
+        parent_workers_gone = _snap(me, tmp)
+        sidecar_workers_gone = _snap(sidecar, tmp)
         memory.close()
         deadline = time.monotonic() + 30
-        while shm_segments() != shm_before and time.monotonic() < deadline:
+        own = segment_path(memory.sidecar_name).name  # other users' stores may come and go meanwhile
+        while (own in shm_segments() or rss_kb(sidecar) is not None) and time.monotonic() < deadline:
             time.sleep(0.2)
-        after_close = {"shm_segments": len(shm_segments()), "shm_same_as_start": shm_segments() == shm_before,
-                       "sidecar_exited": rss_kb(sidecar) is None, "gpu_used_mib": gpu_used_mib(),
-                       "gpu_before_open_mib": gpu_before}
-        totals = {k: sum(r[k] for r in results) for k in ("search", "add", "delete", "ingest", "errors")}
-        print(json.dumps({"processes": args.processes, "ops": sum(totals[k] for k in ("search", "add", "delete", "ingest")),
-                          **totals, "seconds": round(elapsed, 1), "rows_at_end": rows, "before": before,
-                          "after_workers_closed_store_open": after_open, "after_everything_closed": after_close,
-                          "worker_rss_kb": [(r["rss_start_kb"], r["rss_end_kb"]) for r in results]}))
+        closed = {"parent": {k: v for k, v in _snap(me, tmp).items() if k != "fd_kinds"},
+                  "sidecar_exited": rss_kb(sidecar) is None, "own_segment": own,
+                  "own_segment_gone": own not in shm_segments(), "shm_segments": shm_segments(),
+                  "shm_same_as_start": shm_segments() == shm_start, "gpu": gpu_figures([]), "gpu_at_start": gpu_start}
+    totals = {k: sum(r[k] for r in results) for k in (*KINDS, "errors")}
+    seconds = {k: round(sum(r["seconds"][k] for r in results), 2) for k in KINDS}
+    n_ops = sum(totals[k] for k in KINDS)
+    lock_by_kind = {k: [sum(r["write_lock"][k][j] for r in results) for j in range(3)] for k in KINDS}
+    lock_n = sum(v[0] for v in lock_by_kind.values())
+    lock_wait = sum(v[1] for v in lock_by_kind.values())
+    lock_held = sum(v[2] for v in lock_by_kind.values())
+    slim = lambda s: {k: v for k, v in s.items() if k != "fd_kinds"}  # noqa: E731
+    return {
+        "processes": processes, "device": DEVICE, "lance_cache_mib": LANCE_CACHE_MIB, "ops": n_ops, **totals, "warmup_ops_per_worker": warmup,
+        "seconds": round(elapsed, 1), "ops_per_s": round(n_ops / elapsed, 1) if elapsed else None,
+        "worker_start_s": round(t_warm - t_start, 1), "worker_open_s": [r["open_s"] for r in results],
+        "op_seconds_total": seconds,
+        "op_mean_ms": {k: round(1e3 * seconds[k] / totals[k], 2) if totals[k] else None for k in KINDS},
+        "op_max_ms": {k: max(r["max_ms"][k] for r in results) for k in KINDS},
+        "write_lock": {"writes": lock_n, "wait_s_total": round(lock_wait, 1), "held_s_total": round(lock_held, 1),
+                       "held_mean_ms": round(1e3 * lock_held / lock_n, 1) if lock_n else None,
+                       "held_share_of_wall": round(lock_held / elapsed, 2) if elapsed else None,
+                       "held_mean_ms_by_kind": {k: round(1e3 * v[2] / v[0], 1) for k, v in lock_by_kind.items() if v[0]},
+                       "writes_by_kind": {k: v[0] for k, v in lock_by_kind.items() if v[0]}},
+        "rows_at_end": rows, "workers_reported": len(results),
+        "parent": {"at_start": slim(parent_at_start), "before": slim(before["parent"]), "after": slim(after["parent"]),
+                   "after_workers_closed": slim(parent_workers_gone),
+                   "fd_kinds_start_to_before": _diff_kinds(parent_at_start["fd_kinds"], before["parent"]["fd_kinds"]),
+                   "fd_kinds_change": _diff_kinds(before["parent"]["fd_kinds"], after["parent"]["fd_kinds"]),
+                   "fd_kinds_start_to_workers_closed": _diff_kinds(parent_at_start["fd_kinds"],
+                                                                   parent_workers_gone["fd_kinds"])},
+        "sidecar": {"pid": sidecar, "before": slim(before["sidecar"]), "after": slim(after["sidecar"]),
+                    "after_workers_closed": slim(sidecar_workers_gone),
+                    "fd_kinds_change": _diff_kinds(before["sidecar"]["fd_kinds"], after["sidecar"]["fd_kinds"])},
+        "shm": {"at_start": shm_start, "before": before["shm_segments"], "after": after["shm_segments"]},
+        "gpu": {"before": before["gpu"], "after": after["gpu"]},
+        "workers": [{"worker": r["worker"], "rss_kb": [r["before"]["rss_kb"], r["after"]["rss_kb"]],
+                     "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
+                     "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
+                     "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
+        "parent_rows_moved": parent_stats.get("rows_moved"),
+        "after_everything_closed": closed,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--processes", type=int, default=8)
+    ap.add_argument("--ops", type=int, default=1_000_000, help="total measured operations over all processes")
+    ap.add_argument("--warmup", type=int, default=300, help="operations per worker before 'before' is taken")
+    ap.add_argument("--profile", metavar="DIR", help="write a cProfile of each worker's measured phase here")
+    ap.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
+                    help="the sidecar's backend (cuda on a GPU machine measures GPU memory before and after)")
+    ap.add_argument("--lance-cache-mib", type=float, default=None,
+                    help="diagnostic: cap LanceDB's metadata and index caches per process at this many MiB")
+    args = ap.parse_args()
+    global DEVICE, LANCE_CACHE_MIB
+    DEVICE = os.environ["TR_SOAK_DEVICE"] = args.device
+    if args.lance_cache_mib is not None:
+        LANCE_CACHE_MIB = os.environ["TR_SOAK_LANCE_CACHE_MIB"] = str(args.lance_cache_mib)
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    r = run(args.processes, args.ops, args.warmup, args.profile)
+    print(f"[soak] {r['ops']} ops in {r['seconds']} s = {r['ops_per_s']} ops/s; mean ms per op {r['op_mean_ms']}; "
+          f"op seconds {r['op_seconds_total']}", file=sys.stderr)
+    print(json.dumps(r))
 
 
 if __name__ == "__main__":
