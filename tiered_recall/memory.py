@@ -261,6 +261,7 @@ class TieredMemory:
         self._next_hot_try = 0.0
         self._hot_error: str | None = None
         self._backlog: set[int] = set()  # ids acknowledged while the hot tier was unreachable
+        self._write_held = threading.local()  # depth of _write_lock() held by this thread
         self._cache: OrderedDict[int, Memory] = OrderedDict()
         self._stats = _PathStats()
         self._rule_stats = _PathStats()
@@ -328,7 +329,9 @@ class TieredMemory:
             return None
         lock_path = self.path / ".sidecar.lock"
         try:
-            with open(lock_path, "a+") as lock_file:
+            # the write lock first (the order add() takes them in): warming publishes totals, which
+            # must not interleave with another process's commit-then-publish
+            with self._write_lock(), open(lock_path, "a+") as lock_file:
                 fcntl.flock(lock_file, fcntl.LOCK_EX)
                 started = False
                 try:
@@ -359,7 +362,13 @@ class TieredMemory:
 
     def _warm(self, hot: HotTier) -> None:
         """Fills a fresh hot tier and publishes totals: the namespaces the policy keeps whole first
-        (Policy.warm_namespaces), then the most recent rows of the cold tier while there is room."""
+        (Policy.warm_namespaces), then the most recent rows of the cold tier while there is room.
+        Under the write lock: a total read here and published after another process's add would
+        be stale, and rule 1 could call a namespace complete while a row is missing."""
+        with self._write_lock():
+            self._warm_locked(hot)
+
+    def _warm_locked(self, hot: HotTier) -> None:
         counts = self.cold.namespace_counts()
         self.policy.set_sizes(counts, replace=True)
         whole = self.policy.warm_namespaces(self._tick, hot.capacity)
@@ -419,8 +428,9 @@ class TieredMemory:
         after = self._signature(hot)
         if int(present.sum()) != after[4]:
             # the hot tier holds rows the cold tier does not (or lost some): start it afresh
-            hot.clear()
-            self._warm(hot)
+            with self._write_lock():
+                hot.clear()
+                self._warm(hot)
             before = self._signature(hot)
             present = hot.contains(ids) if len(ids) else np.zeros(0, dtype=bool)
             after = self._signature(hot)
@@ -745,14 +755,27 @@ class TieredMemory:
 
     def _write_lock(self):
         """Serialises commit-then-publish of namespace totals across processes, so the published
-        total always belongs to the latest commit."""
+        total always belongs to the latest commit. Re-entrant within a thread (add -> reconnect ->
+        warm); other threads of this process wait like other processes (flock per open file)."""
         import contextlib
 
         @contextlib.contextmanager
         def held():
+            depth = getattr(self._write_held, "depth", 0)
+            if depth:
+                self._write_held.depth = depth + 1
+                try:
+                    yield
+                finally:
+                    self._write_held.depth = depth
+                return
             with open(self.path / ".write.lock", "a+") as f:
                 fcntl.flock(f, fcntl.LOCK_EX)
-                yield
+                self._write_held.depth = 1
+                try:
+                    yield
+                finally:
+                    self._write_held.depth = 0
 
         return held()
 
@@ -775,7 +798,9 @@ class TieredMemory:
         if id_arr.size == 0:
             return 0
         with self._lock, self._write_lock():
-            namespaces = {r["namespace"] for r in self.cold.get(id_arr) if r is not None}
+            # the namespaces of the rows, from the cold tier's in-memory mirror: a LanceDB query here
+            # would lengthen the section every writing process waits for (benchmarks/soak.py)
+            namespaces = set(self.cold.vectors_of(id_arr)["namespace"])
             self._hot_call(lambda hot: self._hot_delete(hot, [int(i) for i in id_arr]))
             self._bounds.discard(int(i) for i in id_arr)
             deleted = self.cold.delete(id_arr)
