@@ -37,6 +37,7 @@ _RRF_DEPTH = 100  # rows taken from each ranking before reciprocal-rank fusion
 # LoCoMo figures in benchmarks/locomo_recall.py: short chat turns favour keywords).
 HYBRID_BM25_WEIGHT = 1.0
 WAL_FOLDER = "_wal"
+_LANCE_METADATA_CACHE_BYTES = 64 << 20
 # Adds of more rows than this bypass the log (after flushing it): one LanceDB commit is cheap per row for a batch.
 _WAL_MAX_ROWS = 1024
 
@@ -188,7 +189,12 @@ class ColdStore:
             self._follower = LogFollower(self._wal)
         interval = timedelta(seconds=float(read_consistency_interval_s))
         self._lagging_reads = read_consistency_interval_s > 0
-        self._db = self._guard("connect to LanceDB", lambda: _lancedb().connect(self._path, read_consistency_interval=interval))
+        # LanceDB caches metadata for every table version a process sees, up to 1 GiB by default: with
+        # other processes committing all day, a long-lived reader grew ~13 MB per 1,000 operations
+        # (benchmarks/soak.py); our mirror answers reads, so a small cache loses nothing
+        session = _lancedb().Session(metadata_cache_size_bytes=_LANCE_METADATA_CACHE_BYTES)
+        self._db = self._guard("connect to LanceDB", lambda: _lancedb().connect(
+            self._path, read_consistency_interval=interval, session=session))
         self._table = self._open_or_create()
         self._schema = self._table.schema  # fetched once: each .schema call is a round trip into LanceDB
         self._maintenance_table = None
