@@ -168,15 +168,18 @@ def run_case(dataset: str, n: int, args, log) -> list[dict]:
         build_s = time.perf_counter() - t0
         stats = store.stats()
         faiss_info = stats["faiss"] or {}
+        choice = stats.get("faiss_choice") or {}
         log(f"  {tag}: loaded in {load_s:.1f} s; FAISS build {build_s:.1f} s {faiss_info}")
+        log(f"  {tag}: default search {stats['search_path']}: {choice.get('reason')}")
         mem = {"mirror_mb": round(n * (args.dim * 4 + 24) / 2**20, 1),
                "faiss_mb": round(du_mb(os.path.join(path, "faiss_index")), 1), "rss_mb": round(rss_mb() - rss0, 1),
                "rss_after_load_mb": round(rss_loaded - rss0, 1)}
 
         # 1. the default cold search (what TieredMemory calls)
         times, got = timed(lambda q: store.search(q, k=k)[0], queries)
-        record("cold default (FAISS IVF + rerank)", times, [g for g in got], build_s=round(build_s, 2),
-               nlist=faiss_info.get("nlist"), nprobe=faiss_info.get("nprobe"), **mem)
+        record(f"cold default ({stats['search_path']})", times, [g for g in got], build_s=round(build_s, 2),
+               nlist=choice.get("nlist"), nprobe=choice.get("nprobe"), choice=choice.get("method"),
+               tuned_recall=choice.get("tuned_recall"), **mem)
         default_p50 = results[-1]["p50_ms"]
 
         # 2. FAISS exact (IndexFlatIP, one thread) over the same rows
@@ -477,7 +480,7 @@ def main(argv=None) -> int:
         rec = r.get("recall@10")
         log(f"| {r['dataset']} | {r['rows']} | {r['method']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
             f"{'' if rec is None else f'{rec:.4f}'} | {r.get('build_s', '')} | "
-            + ", ".join(f"{key} {r[key]}" for key in ("nlist", "nprobe", "R@10", "index_mb", "faiss_mb", "mirror_mb",
+            + ", ".join(f"{key} {r[key]}" for key in ("choice", "tuned_recall", "nlist", "nprobe", "R@10", "index_mb", "faiss_mb", "mirror_mb",
                                                        "rss_mb", "partitions") if key in r) + " |")
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,11 @@ saved beside the LanceDB table and reconciled against the mirror (never trusted 
 Why IVF-Flat: it stores the float32 vectors themselves (scores are exact inner products), supports single-row
 adds and removals (DirectMap hashtable), takes an IDSelectorBitmap for namespace/metadata filters inside the
 search, and builds over 1M x 384 in a minute or two on 2 cores (HNSW needs tens of minutes there). The probe
-count is tuned at build time on the store's own vectors for recall@10 >= the target.
+count is tuned at build time on the store's own vectors for recall@10 >= the target, within a probe budget of a
+quarter of the lists. When the budget does not reach the target (uniformly random vectors: no cluster structure to
+exploit), or reaching it scans so many rows that IVF would be no faster than a flat scan, choose_method() says
+"exact" and the store searches its mirror exactly instead (the choice is saved in choice.json and re-made at the
+next build, e.g. when the store has grown).
 
 Labels are mirror positions (dense, so a filter is a packed bitmap); the mirror tells this index about every
 added or removed position and every repack (listener hooks).
@@ -24,6 +28,15 @@ FORMAT = 1
 KIND = "ivf_flat"
 META_FILE = "meta.json"
 TARGET_RECALL = 0.97  # tuned on the store's own vectors with a margin over the 0.95 goal
+CHOICE_FILE = "choice.json"
+# Probe budget of the tuner: at most this fraction of the lists.
+MAX_SCAN_FRACTION = 0.25
+# An IVF-Flat probe costs about 1.4-1.7x a flat (IndexFlatIP) scan per row scanned, one thread, batch-1
+# (100k x 384 random, 512 lists: nprobe 128 = 25% of rows 3.8 ms, 256 = 50% 6.7 ms, 512 = 100% 13.0 ms, flat 9.0 ms).
+IVF_ROW_COST = 1.5
+# IVF is kept only when its expected cost is at most this fraction of exact search's (else exact is as fast or
+# faster and has no recall loss).
+MAX_COST_RATIO = 0.5
 _BAD_LABEL_BASE = 1 << 60  # labels parked here are removed in one range removal
 
 
@@ -39,6 +52,32 @@ def set_threads(n: int) -> None:
 
 def build_threads() -> int:
     return max(1, os.cpu_count() or 1)
+
+
+def choose_method(tuned_recall: float | None, nprobe: int, nlist: int, scan_fraction: float | None,
+                  target: float) -> tuple[str, str]:
+    """("ivf" or "exact", why) for an IVF index tuned to `tuned_recall` at `nprobe` of `nlist` lists, scanning
+    `scan_fraction` of the rows per query (nprobe/nlist when unknown)."""
+    scan = float(nprobe) / max(1, nlist) if scan_fraction is None else float(scan_fraction)
+    if tuned_recall is None:
+        return "ivf", f"nprobe {nprobe}/{nlist} (recall not tuned)"
+    if tuned_recall < target:
+        return "exact", (f"IVF recall@10 {tuned_recall:.3f} at nprobe {nprobe}/{nlist} (the probe budget) is below "
+                         f"the target {target:.2f}; searching exactly")
+    if IVF_ROW_COST * scan > MAX_COST_RATIO:
+        return "exact", (f"IVF reaches recall@10 {tuned_recall:.3f} only at nprobe {nprobe}/{nlist} (scanning "
+                         f"{scan:.0%} of the rows): no faster than exact search; searching exactly")
+    return "ivf", f"IVF recall@10 {tuned_recall:.3f} at nprobe {nprobe}/{nlist}, scanning {scan:.1%} of the rows"
+
+
+def flat_search(vectors: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k best inner products of `query` ((dim,) float32) over every row of `vectors` ((n, dim)
+    float32, C-contiguous: no copy), by a FAISS flat scan on one thread (the exact fallback when IVF loses)."""
+    f = faiss()
+    set_threads(1)
+    _, labels = f.knn(query.reshape(1, -1), vectors, int(min(k, vectors.shape[0])), metric=f.METRIC_INNER_PRODUCT)
+    labels = labels[0]
+    return labels[labels >= 0]
 
 
 def choose_nlist(n: int) -> int:
@@ -60,6 +99,8 @@ class IvfAnn:
         self.nprobe = int(nprobe)
         self.trained_rows = int(trained_rows)
         self.tuned_recall = tuned_recall
+        self.scan_fraction: float | None = None  # mean fraction of the rows one query scans at nprobe (tuned)
+        self.probe_budget: int | None = None  # the largest nprobe the tuner would try
         self.changes = 0  # writes applied since the last save
 
     # ---- construction ------------------------------------------------------------------------
@@ -136,12 +177,13 @@ class IvfAnn:
         return labels[labels >= 0]
 
     def tune(self, vectors: np.ndarray, live: np.ndarray, *, target: float = TARGET_RECALL, queries: int = 100,
-             max_scan_fraction: float = 0.125, max_scan_rows: int = 50_000, seed: int = 0) -> None:
-        """Smallest probe count whose recall@10 on the store's own vectors (self excluded) reaches `target`,
-        capped at `max_scan_fraction` of the rows or `max_scan_rows` (uniformly random vectors would otherwise ask for a full
-        scan); probes double from 1, so the answer is within 2x of the minimum."""
+             max_scan_fraction: float = MAX_SCAN_FRACTION, seed: int = 0) -> None:
+        """Smallest probe count whose recall@10 on the store's own vectors (self excluded) reaches `target`, within
+        a budget of `max_scan_fraction` of the lists; probes double from 1, so the answer is within 2x of the
+        minimum. Also records the mean fraction of rows scanned per query at that count (from the probed lists'
+        sizes), for choose_method()."""
         if live.shape[0] <= 11:
-            self.nprobe, self.tuned_recall = self.nlist, 1.0
+            self.nprobe, self.tuned_recall, self.scan_fraction, self.probe_budget = self.nlist, 1.0, 1.0, self.nlist
             return
         rng = np.random.default_rng(seed)
         qpos = rng.choice(live, size=min(queries, live.shape[0]), replace=False)
@@ -160,20 +202,25 @@ class IvfAnn:
             best_p = np.take_along_axis(p_all, top, 1)
         order = np.argsort(-best_s, axis=1, kind="stable")
         truth = [set([int(x) for x in row if x != p][:10]) for row, p in zip(np.take_along_axis(best_p, order, 1), qpos)]
-        # Scan budget: an eighth of the rows, or 50k rows (about what exact search costs at the default threshold).
-        rows = max(1, live.shape[0])
-        cap = max(1, min(self.nlist, int(np.ceil(self.nlist * max(max_scan_fraction, max_scan_rows / rows)))))
+        cap = max(1, min(self.nlist, int(np.ceil(self.nlist * max_scan_fraction))))
         f = faiss()
-        chosen, recall, probes = cap, 0.0, 1
+        invlists = self.index.invlists
+        sizes = np.array([invlists.list_size(i) for i in range(self.nlist)], np.int64)
+        total = max(1, int(sizes.sum()))
+        recall, scan, probes = 0.0, 0.0, 1
         while True:
             _, lab = self.index.search(q, 11, params=f.SearchParametersIVF(nprobe=probes))
             hits = sum(len(t & set([int(x) for x in row if x != p][:10])) for t, row, p in zip(truth, lab, qpos))
             recall = hits / max(1, sum(len(t) for t in truth))
-            if recall >= target or probes >= cap:
-                chosen = probes
-                break
+            _, probed = self.index.quantizer.search(q, probes)
+            scan = float(sizes[probed[probed >= 0]].sum()) / (q.shape[0] * total)
+            if recall >= target or probes >= cap or IVF_ROW_COST * scan > MAX_COST_RATIO:
+                break  # reached, out of budget, or already no faster than exact search
             probes = min(cap, probes * 2)
-        self.nprobe, self.tuned_recall = int(chosen), float(recall)
+        self.nprobe, self.tuned_recall, self.scan_fraction, self.probe_budget = int(probes), float(recall), scan, cap
+
+    def choice(self, target: float) -> tuple[str, str]:
+        return choose_method(self.tuned_recall, self.nprobe, self.nlist, self.scan_fraction, target)
 
     # ---- inspection ---------------------------------------------------------------------------
     def _lists(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
@@ -296,6 +343,39 @@ class IvfAnn:
         ann = cls(index, nprobe=int(meta["nprobe"]), trained_rows=int(meta["trained_rows"]),
                   tuned_recall=meta.get("tuned_recall"))
         return ann, np.frombuffer(label_bytes, dtype="<i8").astype(np.int64), meta
+
+
+def write_choice(folder: str, choice: dict) -> None:
+    """Publish an "exact" choice (no index files): a reopened store then searches exactly without rebuilding until
+    it has grown past what the choice was made for. Call under the save lock."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    tmp = os.path.join(folder, f".{CHOICE_FILE}.{time.time_ns():x}-{os.getpid()}.tmp")
+    _write_durable(tmp, json.dumps({**choice, "format": FORMAT}).encode())
+    os.replace(tmp, os.path.join(folder, CHOICE_FILE))
+    for name in os.listdir(folder):  # an older IVF generation must not be loaded in its place
+        if name.startswith(("index-", "labels-", META_FILE, f".{META_FILE}")):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+    _fsync_dir(folder)
+
+
+def read_choice(folder: str) -> dict | None:
+    """The saved choice, or None when absent or unreadable (then the saved index, if any, decides)."""
+    try:
+        with open(os.path.join(folder, CHOICE_FILE), "rb") as fh:
+            choice = json.loads(fh.read())
+    except Exception:
+        return None
+    return choice if isinstance(choice, dict) and choice.get("format") == FORMAT else None
+
+
+def remove_choice(folder: str) -> None:
+    try:
+        os.unlink(os.path.join(folder, CHOICE_FILE))
+    except OSError:
+        pass
 
 
 def _write_durable(path: str, data) -> None:

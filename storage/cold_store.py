@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -14,7 +15,8 @@ import numpy as np
 
 from ..errors import InvalidInput, StorageError, TieredRecallError
 from . import _validate as check
-from ._ann import TARGET_RECALL, IvfAnn, choose_nlist
+from ._ann import (TARGET_RECALL, IvfAnn, choose_method, choose_nlist, flat_search, read_choice, remove_choice,
+                   write_choice)
 from ._bm25 import Bm25Index, rrf_fuse
 from ._maintenance import MaintenanceThread, maintenance_lock
 from ._mirror import VectorMirror, positions_bitmap, top_k_with_ties
@@ -30,6 +32,7 @@ _ANN_REFINE_FACTOR = 10
 _ANN_NPROBES = 20
 INDEX_MODES = ("auto", "exact", "lancedb")
 FAISS_FOLDER = "faiss_index"
+logger = logging.getLogger(__name__)
 # A filtered search over at most this many rows is answered exactly (a gather of their vectors) instead of by FAISS.
 _EXACT_SUBSET_MAX = 4096
 _RRF_DEPTH = 100  # rows taken from each ranking before reciprocal-rank fusion
@@ -93,7 +96,10 @@ class ColdStore:
       index: "auto" (default) searches the mirror exactly below `faiss_min_rows` live rows and through a FAISS
           IVF-Flat index (probe count tuned for recall@10 >= `target_recall`, built in the background, kept in step
           with every write, saved beside the table under faiss_index/ and reconciled against the rows on open)
-          above; "exact" never uses an ANN index; "lancedb" sends searches to LanceDB and its own IVF_PQ index.
+          above. When the tuned IVF index cannot reach `target_recall` within its probe budget (a quarter of the
+          lists), or would be no faster than exact search at the probes it needs, the store keeps exact search,
+          logs a warning and reports why in stats()["faiss_choice"]; the choice is re-made when the store has
+          grown 4x; "exact" never uses an ANN index; "lancedb" sends searches to LanceDB and its own IVF_PQ index.
       Every score returned is the exact inner product of the stored vector.
       wal: True (default) makes small adds durable in a write-ahead log under _wal/ (fdatasync, well under a
           millisecond) instead of a LanceDB commit each; a background flusher moves logged rows into LanceDB in
@@ -127,6 +133,7 @@ class ColdStore:
         self._ann_last_build_s: float | None = None
         self._ann_last_reconcile: dict | None = None
         self._ann_error: str | None = None
+        self._ann_choice: dict | None = None  # the last build's (or the saved) choice: method, why, tuned recall
         self._ann_save_lock = threading.Lock()
         self._bm25: Bm25Index | None = None
         self._opening = True  # no background build before the saved index had its chance
@@ -757,6 +764,8 @@ class ColdStore:
             return self._ann_search(ann, query, k, excluded, positions.shape[0],
                                     positions_bitmap(positions, m.n), lambda: positions)
         if ann is None:
+            if namespace is None and self._exact_by_choice():
+                return self._flat_search(query, k, excluded)
             return m.search(query, k, namespace=namespace, exclude_ids=excluded)
         if namespace is None:
             return self._ann_search(ann, query, k, excluded, m.live_rows, None, m.live_positions)
@@ -781,6 +790,24 @@ class ColdStore:
         ids, scores = m.search_positions(query, labels, k, excluded)
         if ids.shape[0] < k and allowed - n_excluded > ids.shape[0]:
             return m.search_positions(query, positions(), k, excluded)
+        return ids, scores
+
+    def _exact_by_choice(self) -> bool:
+        choice = self._ann_choice
+        return (self._index_mode == "auto" and choice is not None and choice.get("method") == "exact"
+                and self._mirror is not None and self._mirror.live_rows >= self._faiss_min_rows)
+
+    def _flat_search(self, query: np.ndarray, k: int, excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact search past faiss_min_rows when IVF lost (see _ann.choose_method): a FAISS flat scan of the mirror
+        on one thread (no BLAS threads fighting over the cores), candidates re-scored and tie-ordered like every
+        other path; the numpy scan answers when dead or excluded rows leave fewer than k candidates."""
+        m = self._mirror
+        n_excluded = 0 if excluded is None else int(excluded.size)
+        labels = flat_search(m.all_vectors(), query, k + 8 + n_excluded)
+        labels = labels[m.alive_at(labels)]
+        ids, scores = m.search_positions(query, labels, k, excluded)
+        if ids.shape[0] < k and m.live_rows - n_excluded > ids.shape[0]:
+            return m.search(query, k, exclude_ids=excluded)
         return ids, scores
 
     def _hybrid_locked(self, query: np.ndarray, text: str, k: int, namespace: str | None, where: str | None,
@@ -824,7 +851,12 @@ class ColdStore:
         if self._closed or self._opening or self._index_mode != "auto" or m is None or m.live_rows < self._faiss_min_rows:
             return False
         # (Re)train when the store has grown 4x past what the lists were trained for (nlist ~ 2 sqrt(n)).
-        return self._ann is None or m.live_rows > 4 * self._ann.trained_rows
+        if self._ann is not None:
+            return m.live_rows > 4 * self._ann.trained_rows
+        choice = self._ann_choice
+        if choice is not None and choice.get("method") == "exact" and choice.get("target_recall") == self._target_recall:
+            return m.live_rows > 4 * int(choice.get("rows", 0))  # IVF lost to exact search at this size: re-made later
+        return True
 
     def _maybe_schedule_ann_locked(self) -> None:
         if self._ann_thread is None and self._ann_wanted_locked():
@@ -837,6 +869,12 @@ class ColdStore:
         m = self._mirror
         if self._index_mode != "auto" or m is None or m.live_rows < self._faiss_min_rows:
             return
+        choice = read_choice(self._ann_folder)
+        if (choice is not None and choice.get("method") == "exact" and choice.get("dim") == self._dim
+                and choice.get("target_recall") == self._target_recall and m.live_rows <= 4 * int(choice.get("rows", 0))):
+            self._adopt_exact_locked(choice, source="loaded")
+            self._maybe_schedule_ann_locked()
+            return
         try:
             ann, label_ids, meta = IvfAnn.read(self._ann_folder, self._dim)
         except FileNotFoundError:
@@ -845,6 +883,20 @@ class ColdStore:
             self._ann_source = "rejected"
             self._ann_error = f"saved index rejected ({type(exc).__name__}: {exc}); rebuilding from LanceDB"
         else:
+            ann.scan_fraction, ann.probe_budget = meta.get("scan_fraction"), meta.get("probe_budget")
+            method, why = choose_method(ann.tuned_recall, ann.nprobe, ann.nlist, ann.scan_fraction, self._target_recall)
+            if method == "exact":  # saved by an older version (or for another target): not used, not loaded again
+                choice = self._choice_record(ann, method, why)
+                del ann
+                self._adopt_exact_locked(choice, source="loaded")
+                try:
+                    with maintenance_lock(self._path, blocking=True, name=".faiss.lock"):
+                        write_choice(self._ann_folder, {**choice, "table_version": self._mirror_version,
+                                                        "saved_at": time.time()})
+                except OSError:
+                    pass  # a read-only folder: the saved index is judged again on the next open
+                self._maybe_schedule_ann_locked()
+                return
             try:
                 report = ann.reconcile(label_ids, m)
             except Exception as exc:
@@ -858,7 +910,24 @@ class ColdStore:
                 ann.changes = 0 if fresh else max(1, report["dropped"] + report["added"])
                 m.listener = ann
                 self._ann = ann
+                self._ann_choice = self._choice_record(ann, method, why)
         self._maybe_schedule_ann_locked()
+
+    def _choice_record(self, ann: IvfAnn, method: str, why: str) -> dict:
+        return {"method": method, "reason": why, "tuned_recall": ann.tuned_recall, "target_recall": self._target_recall,
+                "nprobe": ann.nprobe, "nlist": ann.nlist, "probe_budget": ann.probe_budget,
+                "scan_fraction": ann.scan_fraction, "rows": ann.trained_rows, "dim": self._dim}
+
+    def _adopt_exact_locked(self, choice: dict, *, source: str) -> None:
+        """Search exactly (no FAISS index) because IVF missed the recall target or would be no faster."""
+        old = self._ann
+        if old is not None and self._mirror is not None and self._mirror.listener is old:
+            self._mirror.listener = None
+        self._ann = None
+        self._ann_source = source
+        self._ann_choice = dict(choice)
+        logger.warning("cold store %s: exact search over %d rows instead of FAISS IVF: %s", self._path,
+                       self._mirror.live_rows if self._mirror is not None else -1, choice.get("reason"))
 
     def _ann_build_worker(self) -> None:
         try:
@@ -889,6 +958,19 @@ class ColdStore:
                 part = positions[lo:lo + 65536]
                 ann.add(part, vectors[part])
             ann.tune(vectors, positions, target=self._target_recall)
+            method, why = ann.choice(self._target_recall)
+            if method == "exact":
+                with self._lock:
+                    if self._closed:
+                        return
+                    choice = self._choice_record(ann, method, why)
+                    self._adopt_exact_locked(choice, source="built")
+                    self._ann_builds += 1
+                    self._ann_last_build_s = time.perf_counter() - t0
+                del ann
+                with self._ann_save_lock, maintenance_lock(self._path, blocking=True, name=".faiss.lock"):
+                    write_choice(self._ann_folder, {**choice, "table_version": self._mirror_version, "saved_at": time.time()})
+                return
             with self._lock:
                 if self._closed:
                     return
@@ -900,6 +982,7 @@ class ColdStore:
                 ann.changes = max(1, ann.changes)
                 m.listener = ann
                 self._ann = ann
+                self._ann_choice = self._choice_record(ann, method, why)
                 self._ann_source = "built"
                 self._ann_builds += 1
                 self._ann_last_build_s = time.perf_counter() - t0
@@ -922,10 +1005,12 @@ class ColdStore:
                 label_ids = m.label_ids()
                 meta = {"dim": self._dim, "table_version": self._mirror_version, "rows": m.live_rows,
                         "nprobe": ann.nprobe, "trained_rows": ann.trained_rows, "tuned_recall": ann.tuned_recall,
-                        "saved_at": time.time()}
+                        "scan_fraction": ann.scan_fraction, "probe_budget": ann.probe_budget,
+                        "target_recall": self._target_recall, "saved_at": time.time()}
                 ann.changes = 0
             with maintenance_lock(self._path, blocking=True, name=".faiss.lock"):
                 IvfAnn.write(self._ann_folder, blob, label_ids, meta)
+                remove_choice(self._ann_folder)  # an IVF index is in use again
             return True
 
     def build_index(self) -> None:
@@ -1183,6 +1268,8 @@ class ColdStore:
         return None
 
     def _search_path(self, mirror_rows: int | None, vector_index: str | None) -> str:
+        if self._ann is None and mirror_rows is not None and self._exact_by_choice():
+            return "faiss-flat-exact"  # past faiss_min_rows, but IVF missed the recall target or was no faster
         return _search_path_name(self._index_mode, mirror_rows, self._ann is not None, vector_index)
 
     def wait_for_maintenance(self, timeout: float | None = None) -> bool:
@@ -1207,7 +1294,8 @@ class ColdStore:
             faiss_stats = None if ann is None else {
                 "kind": "ivf_flat", "rows": ann.ntotal, "nlist": ann.nlist, "nprobe": ann.nprobe,
                 "trained_rows": ann.trained_rows, "tuned_recall": ann.tuned_recall, "source": self._ann_source,
-                "unsaved_changes": ann.changes}
+                "unsaved_changes": ann.changes, "scan_fraction": ann.scan_fraction}
+            faiss_choice = None if self._ann_choice is None else dict(self._ann_choice)
         fragments = table_stats.get("fragment_stats", {})
         vector_index = next((i["type"] for i in indices if i["columns"] == [VECTOR_COLUMN]), None)
         return {
@@ -1229,6 +1317,8 @@ class ColdStore:
             "faiss_last_build_s": self._ann_last_build_s,
             "faiss_last_reconcile": self._ann_last_reconcile,
             "faiss_error": self._ann_error,
+            # Why the default search is exact or IVF past faiss_min_rows: method, reason, tuned_recall, nprobe, ...
+            "faiss_choice": faiss_choice,
             "mirror_rows": mirror_rows,
             "last_compaction_at": self._last_compaction_at,
             "compactions": self._compactions,

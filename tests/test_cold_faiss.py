@@ -74,6 +74,7 @@ def test_small_store_is_exact_and_large_store_switches_to_faiss(tmp_path):
         stats = store.stats()
         assert stats["search_path"] == "faiss-ivf+rerank", stats
         assert stats["faiss"]["rows"] == 3000 and stats["faiss"]["tuned_recall"] >= 0.95, stats["faiss"]
+        assert stats["faiss_choice"]["method"] == "ivf", stats["faiss_choice"]
         by_id = dict(zip(ids.tolist(), v))
         hits = 0
         for q in near(rng, v, 40):
@@ -284,6 +285,85 @@ def test_two_writer_processes_lose_nothing(tmp_path):
         _check_consistent(store, expected)
     with open_store(path) as store:
         _check_consistent(store, expected)
+
+
+def random_unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    v = rng.standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_ivf_that_misses_the_recall_target_falls_back_to_exact_search(tmp_path, caplog):
+    """Uniformly random vectors (dim 128): no probe budget of a quarter of the lists reaches recall@10 0.97, so the
+    store keeps exact search, says so (stats, one warning), keeps the choice across a reopen and re-makes it once
+    the store has grown 4x."""
+    dim, n = 128, 2000
+    rng = np.random.default_rng(11)
+    v = random_unit(rng, n, dim)
+    ids = np.arange(n, dtype=np.int64)
+    path = tmp_path / "cold"
+    with caplog.at_level("WARNING", logger=cold_module.__name__):
+        with ColdStore(path, dim=dim, faiss_min_rows=MIN_ROWS, compact_every_s=3600.0) as store:
+            store.add(**rows(ids, v))
+            assert store.wait_for_index(60)
+            stats = store.stats()
+            choice = stats["faiss_choice"]
+            assert stats["faiss_builds"] == 1 and stats["faiss_error"] is None, stats
+            assert choice["method"] == "exact" and choice["tuned_recall"] < 0.97, choice
+            assert "below the target" in choice["reason"] and choice["nprobe"] <= choice["probe_budget"], choice
+            assert stats["search_path"] == "faiss-flat-exact" and stats["faiss"] is None, stats
+            for q in random_unit(rng, 20, dim):
+                got, scores = store.search(q, k=10)
+                want, want_s = exact(v, ids, q, 10)
+                np.testing.assert_array_equal(got, want)
+                np.testing.assert_allclose(scores, want_s, atol=1e-5)
+            # Deleted and excluded rows never come back from the flat scan.
+            q = v[3]
+            top = exact(v, ids, q, 5)[0]
+            store.delete(top[:2])
+            mask = ~np.isin(ids, top[:3])
+            got, _ = store.search(q, k=10, exclude_ids=top[2:3])
+            np.testing.assert_array_equal(got, exact(v, ids, q, 10, mask=mask)[0])
+    warned = [r for r in caplog.records if "exact search" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0].getMessage(), [r.getMessage() for r in caplog.records]
+    # Reopened: the saved choice holds (no rebuild, no index files to load).
+    with ColdStore(path, dim=dim, faiss_min_rows=MIN_ROWS, compact_every_s=3600.0) as store:
+        assert store.wait_for_index(60)
+        stats = store.stats()
+        assert stats["faiss_builds"] == 0 and stats["faiss_source"] == "loaded", stats
+        assert stats["faiss_choice"]["method"] == "exact" and stats["search_path"] == "faiss-flat-exact"
+        # Grown past 4x the rows the choice was made for: built and judged again.
+        more = clustered(rng, 3 * n + 10, dim=dim)
+        store.add(**rows(np.arange(n, 4 * n + 10), more))  # 1998 + 6010 live rows > 4 x 1998
+        assert store.wait_for_index(120)
+        stats = store.stats()
+        assert stats["faiss_builds"] == 1 and stats["faiss_choice"]["rows"] == 4 * n + 8, stats["faiss_choice"]
+
+
+def test_choice_rules_and_a_saved_index_below_target_is_not_used(tmp_path):
+    from tiered_recall.storage._ann import choose_method
+    assert choose_method(1.0, 1, 64, 1 / 64, 0.97)[0] == "ivf"
+    assert choose_method(0.80, 16, 64, 0.25, 0.97)[0] == "exact"
+    method, why = choose_method(0.99, 32, 64, 0.5, 0.97)  # reached, but scanning half the rows: not faster
+    assert method == "exact" and "no faster" in why
+    # An index saved with a tuned recall below the target (as an older version kept it) is replaced by exact search.
+    rng = np.random.default_rng(12)
+    v = clustered(rng, 2000)
+    ids = np.arange(2000, dtype=np.int64)
+    path = tmp_path / "cold"
+    with open_store(path) as store:
+        store.add(**rows(ids, v))
+        store.build_index()
+        assert store.stats()["faiss_choice"]["method"] == "ivf"
+    meta_path = path / cold_module.FAISS_FOLDER / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["tuned_recall"] = 0.5
+    meta_path.write_text(json.dumps(meta))
+    with open_store(path) as store:
+        stats = store.stats()
+        assert stats["faiss"] is None and stats["faiss_choice"]["method"] == "exact", stats
+        assert stats["faiss_builds"] == 0 and stats["search_path"] == "faiss-flat-exact"
+        assert store.search(v[7], k=1)[0].tolist() == [7]
+    assert not meta_path.exists() and (path / cold_module.FAISS_FOLDER / "choice.json").exists()
 
 
 def test_bad_index_options_are_refused(tmp_path):
