@@ -1078,6 +1078,9 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         CREATE_TRY(cudaFuncSetAttribute(persist_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
         CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel, TR_CUDA_BLOCK, b->psmem));
         if (per_sm > TR_CUDA_BLOCKS_PER_SM) per_sm = TR_CUDA_BLOCKS_PER_SM;
+        /* TR_CUDA_PERSIST_BLOCKS_PER_SM=1: half the lists to merge, for measuring the trade-off */
+        const char *bps = getenv("TR_CUDA_PERSIST_BLOCKS_PER_SM");
+        if (bps && bps[0] >= '1' && bps[0] - '0' < per_sm) per_sm = bps[0] - '0';
         long grid = (long)per_sm * b->sms;
         if (grid > b->grid_max) grid = b->grid_max;
         b->pgrid = (unsigned)grid;
