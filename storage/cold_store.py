@@ -645,6 +645,17 @@ class ColdStore:
         self._check_open()
         return self._flush_now()
 
+    @contextmanager
+    def _read_locked(self, *, flush: bool) -> Iterator[None]:
+        """The store's lock, with the mirror in step with the table and the log. flush: LanceDB serves this read, so
+        rows still in the log go into the table first (outside the lock: a flush takes the log's own locks)."""
+        if flush:
+            self._flush_for_read()
+        with self._lock:
+            self._check_open()
+            self._sync_locked()
+            yield
+
     def _flush_for_read(self) -> bool:
         """Before a read that LanceDB serves: rows still in the log must be in the table. False when the flush failed
         (disk full, ...): the rows stay durable in the log; get() then reads them from there, while where filters and
@@ -720,12 +731,9 @@ class ColdStore:
         excluded = None if exclude_ids is None else check.check_ids(exclude_ids, name="exclude_ids", allow_empty=True)
         if text is not None and not isinstance(text, str):
             raise InvalidInput(f"text must be a str (the query text for hybrid BM25 + vector search) or None, got {type(text).__name__}")
-        if (where is not None or self._mirror is None or self._index_mode == "lancedb"
-                or (text is not None and self._bm25 is None)):
-            self._flush_for_read()
-        with self._lock:
-            self._check_open()
-            self._sync_locked()
+        lancedb_serves = (where is not None or self._mirror is None or self._index_mode == "lancedb"
+                          or (text is not None and self._bm25 is None))
+        with self._read_locked(flush=lancedb_serves):
             if text is not None and text.strip():
                 return self._hybrid_locked(query, text, k, namespace, where, excluded)
             return self._vector_search_locked(query, k, namespace, where, excluded)
@@ -741,11 +749,7 @@ class ColdStore:
         namespace = check.check_optional_namespace(namespace)
         where = check.check_where(where)
         excluded = None if exclude_ids is None else check.check_ids(exclude_ids, name="exclude_ids", allow_empty=True)
-        if where is not None or self._bm25 is None:
-            self._flush_for_read()
-        with self._lock:
-            self._check_open()
-            self._sync_locked()
+        with self._read_locked(flush=where is not None or self._bm25 is None):
             only = None if where is None else self._matching_ids(namespace, where)
             return self._bm25_locked().search(text, k, namespace=namespace, only_ids=only, exclude_ids=excluded)
 
@@ -1112,11 +1116,7 @@ class ColdStore:
     def count(self, namespace: str | None = None) -> int:
         self._check_open()
         namespace = check.check_optional_namespace(namespace)
-        if self._mirror is None:
-            self._flush_for_read()
-        with self._lock:
-            self._check_open()
-            self._sync_locked()
+        with self._read_locked(flush=self._mirror is None):
             if self._mirror is not None:
                 return self._mirror.count(namespace)
             sql = self._filter_sql(namespace, None)
@@ -1124,11 +1124,7 @@ class ColdStore:
 
     def namespace_counts(self) -> dict[str, int]:
         self._check_open()
-        if self._mirror is None:
-            self._flush_for_read()
-        with self._lock:
-            self._check_open()
-            self._sync_locked()
+        with self._read_locked(flush=self._mirror is None):
             if self._mirror is not None:
                 return self._mirror.namespace_counts()
             data = self._guard("count namespaces", lambda: self._table.search().select(["namespace"]).limit(None).to_arrow())
@@ -1140,11 +1136,7 @@ class ColdStore:
         from the in-memory mirror when it is loaded, so promoting rows to the hot tier reads no disk."""
         self._check_open()
         ids = check.check_ids(ids, allow_empty=True)
-        if self._mirror is None:
-            self._flush_for_read()
-        with self._lock:
-            self._check_open()
-            self._sync_locked()
+        with self._read_locked(flush=self._mirror is None):
             if self._mirror is not None:
                 return self._mirror.rows(ids)
         rows = [r for r in self.get(ids) if r is not None]
@@ -1161,11 +1153,7 @@ class ColdStore:
         self._check_open()
         limit = check.check_limit(limit)
         namespace = check.check_optional_namespace(namespace)
-        if self._mirror is None:
-            self._flush_for_read()
-        with self._lock:
-            self._check_open()
-            self._sync_locked()
+        with self._read_locked(flush=self._mirror is None):
             if self._mirror is not None:
                 return self._mirror.recent(limit, namespace)
             sql = self._filter_sql(namespace, None)
