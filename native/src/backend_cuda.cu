@@ -1417,6 +1417,43 @@ static void *seg_device_ptr(const cuda_backend *b, const void *host, size_t byte
 
 static int cuda_search_poll(void *self, int block, char *err, size_t errlen);
 
+/* One query -> f16 row of the batched scan, zero-padded to whole uint4. */
+static void stage_query_f16(const cuda_backend *b, const float *query, uint4 *dst) {
+    uint16_t *h = (uint16_t *)dst;
+    f32_to_f16(query, h, b->dim);
+    for (uint32_t j = b->dim; j < b->ld; j++) h[j] = 0;
+}
+
+/* The store's part of a batched pass (launched or persistent): rows in runs of whole rounds over at most
+ * max_blocks blocks. Returns the number of runs, i.e. of scanning blocks and partial lists. */
+static unsigned batch_params_init(const cuda_backend *b, BatchParams &p, unsigned max_blocks) {
+    memset(&p, 0, sizeof p);
+    uint64_t rpb = (b->rows + max_blocks - 1) / max_blocks;
+    if (rpb < TR_BQ_ROUND) rpb = TR_BQ_ROUND;
+    p.X = b->X;
+    p.ids = b->ids;
+    p.ns = b->ns;
+    p.part_s = b->bpart_s;
+    p.part_id = b->bpart_id;
+    p.part_n = b->bpart_n;
+    p.rows = b->rows;
+    p.rows_per_block = rpb;
+    p.nvec = b->nvec;
+    p.nchunk = (b->nvec + 3) / 4;
+    p.qstride = p.nchunk * 4 + 1;
+    return (unsigned)((b->rows + rpb - 1) / rpb);
+}
+
+/* Query j of a pass: request r's parameters, results to oid/osc (device pointers). */
+static void set_batch_query(BatchParams &p, uint32_t j, const tr_search_request *r, long long *oid, float *osc) {
+    p.bq[j].k = r->k;
+    p.bq[j].filter = r->filter_ns ? 1 : 0;
+    p.bq[j].ns_hash = r->ns_hash;
+    p.bq[j].oid = oid;
+    p.bq[j].osc = osc;
+    p.any_filter |= (unsigned)p.bq[j].filter;
+}
+
 /* Launches the persistent kernel (asynchronously: it picks up the mailbox once it runs). */
 static int persist_start(cuda_backend *b, char *err, size_t errlen) {
     CUDA_TRY(cudaMemsetAsync(b->pctl, 0, sizeof(PersistCtl), b->stream));
@@ -1520,14 +1557,12 @@ static int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, 
     PersistReq *pr = &b->pmb->req;
     BatchParams &p = pr->p;
     uint4 *q16 = reinterpret_cast<uint4 *>(b->pmb + 1);
-    memset(&p, 0, sizeof p);
+    pr->G = batch_params_init(b, p, b->pgrid);
     uint32_t f = 0;
     for (uint32_t i = 0; i < n; i++) {
         tr_search_request *r = &reqs[i];
         for (uint32_t q = 0; q < r->count; q++, f++) {
-            uint16_t *dst = (uint16_t *)(q16 + (size_t)f * b->nvec);
-            f32_to_f16(r->queries + (size_t)q * b->dim, dst, b->dim);
-            for (uint32_t j = b->dim; j < b->ld; j++) dst[j] = 0;
+            stage_query_f16(b, r->queries + (size_t)q * b->dim, q16 + (size_t)f * b->nvec);
             if (b->poison) {
                 memset(r->ids_out + (size_t)q * r->k, 0x7f, (size_t)r->k * sizeof(int64_t));
                 memset(r->scores_out + (size_t)q * r->k, 0x7f, (size_t)r->k * sizeof(float));
@@ -1538,33 +1573,14 @@ static int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, 
             if (!oid || !osc) { /* not in the registered segment: let the launch path copy them out */
                 return 1;
             }
-            p.bq[f].k = r->k;
-            p.bq[f].filter = r->filter_ns ? 1 : 0;
-            p.bq[f].ns_hash = r->ns_hash;
-            p.bq[f].oid = oid;
-            p.bq[f].osc = osc;
-            p.any_filter |= (unsigned)p.bq[f].filter;
+            set_batch_query(p, f, r, oid, osc);
         }
     }
-    uint64_t rpb = (b->rows + b->pgrid - 1) / b->pgrid;
-    if (rpb < TR_BQ_ROUND) rpb = TR_BQ_ROUND;
-    pr->G = (unsigned)((b->rows + rpb - 1) / rpb);
     pr->nq = total;
     pr->profile = (unsigned)b->profile;
-    p.X = b->X;
-    p.ids = b->ids;
-    p.ns = b->ns;
     p.q = b->pdq;
-    p.part_s = b->bpart_s;
-    p.part_id = b->bpart_id;
-    p.part_n = b->bpart_n;
     p.out_hits = reinterpret_cast<unsigned *>(reinterpret_cast<unsigned char *>(b->pmb_dev) +
                                               offsetof(PersistMailbox, hits));
-    p.rows = b->rows;
-    p.rows_per_block = rpb;
-    p.nvec = b->nvec;
-    p.nchunk = (b->nvec + 3) / 4;
-    p.qstride = p.nchunk * 4 + 1;
     p.nq = total;
     b->pseq = persist_next_seq(b->pseq);
     if (b->profile) b->psubmit_ns = host_ns();
@@ -1622,11 +1638,8 @@ static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, c
         for (uint32_t i = 0; i < n; i++) {
             tr_search_request *r = &reqs[i];
             if (r->k < 1 || r->k > TR_BQ_MAX_K) continue;
-            for (uint32_t q = 0; q < r->count; q++, f++) {
-                uint16_t *dst = (uint16_t *)(b->hq16 + (size_t)f * b->nvec);
-                f32_to_f16(r->queries + (size_t)q * b->dim, dst, b->dim);
-                for (uint32_t j = b->dim; j < b->ld; j++) dst[j] = 0;
-            }
+            for (uint32_t q = 0; q < r->count; q++, f++)
+                stage_query_f16(b, r->queries + (size_t)q * b->dim, b->hq16 + (size_t)f * b->nvec);
         }
     }
     if (b->poison) {
@@ -1640,27 +1653,13 @@ static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, c
             memset(r->scores_out, 0x7f, (size_t)r->count * r->k * sizeof(float));
         }
     }
-    uint64_t rpb = (b->rows + b->grid_max - 1) / b->grid_max;
-    if (rpb < TR_BQ_ROUND) rpb = TR_BQ_ROUND;
-    const unsigned grid = (unsigned)((b->rows + rpb - 1) / rpb);
     const bool all_inline = total * b->nvec <= TR_BQ_INLINE;
     if (!all_inline)
         CUDA_TRY(cudaMemcpyAsync(b->dq, b->hq16, (size_t)total * b->nvec * sizeof(uint4), cudaMemcpyHostToDevice,
                                  b->stream));
     BatchParams p;
-    memset(&p, 0, sizeof p);
-    p.X = b->X;
-    p.ids = b->ids;
-    p.ns = b->ns;
-    p.part_s = b->bpart_s;
-    p.part_id = b->bpart_id;
-    p.part_n = b->bpart_n;
+    const unsigned grid = batch_params_init(b, p, (unsigned)b->grid_max);
     p.done = b->bdone;
-    p.rows = b->rows;
-    p.rows_per_block = rpb;
-    p.nvec = b->nvec;
-    p.nchunk = (b->nvec + 3) / 4;
-    p.qstride = p.nchunk * 4 + 1;
     b->pending_copy = 0;
     uint32_t ri = 0, rq = 0; /* request and query cursor */
     for (uint32_t f0 = 0; f0 < total; f0 += TR_BQ_MAX) {
@@ -1673,9 +1672,6 @@ static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, c
             }
             const tr_search_request *r = &reqs[ri];
             const uint32_t f = f0 + j;
-            p.bq[j].k = r->k;
-            p.bq[j].filter = r->filter_ns ? 1 : 0;
-            p.bq[j].ns_hash = r->ns_hash;
             /* results in place when the slot lies in the registered segment */
             long long *oid = (long long *)seg_device_ptr(b, r->ids_out + (size_t)rq * r->k, (size_t)r->k * 8);
             float *osc = (float *)seg_device_ptr(b, r->scores_out + (size_t)rq * r->k, (size_t)r->k * 4);
@@ -1684,9 +1680,7 @@ static int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, c
                 osc = b->hres_s_dev + (size_t)f * b->max_k;
                 b->pending_copy = 1;
             }
-            p.bq[j].oid = oid;
-            p.bq[j].osc = osc;
-            p.any_filter |= (unsigned)p.bq[j].filter;
+            set_batch_query(p, j, r, oid, osc);
             rq++;
         }
         p.q = b->dq + (size_t)f0 * b->nvec;
