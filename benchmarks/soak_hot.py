@@ -18,7 +18,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import time
 import uuid
 
@@ -26,39 +25,19 @@ import numpy as np
 
 from tiered_recall.sidecar import HotTier, start_sidecar
 
+from soak import fds, gpu_figures, rss_kb, shm_segments  # same figures as the full soak (benchmarks/ is on sys.path)
+
 ID_SPACE = 1_000_000  # each worker writes ids in [w * ID_SPACE, (w + 1) * ID_SPACE)
 
 
-def gpu_memory_used_mib() -> float | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0 or not out.stdout.strip():
-        return None
-    return float(out.stdout.split()[0])
-
-
 def process_figures(pid: int) -> dict:
-    fig = {"pid": pid}
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
-                fig["rss_mb"] = int(line.split()[1]) / 1024
-        fig["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        fig["gone"] = True
-    return fig
-
-
-def shm_segments() -> int:
-    return sum(1 for n in os.listdir("/dev/shm") if n.startswith("tiered-recall."))
+    rss = rss_kb(pid)
+    return {"pid": pid, "rss_mb": None if rss is None else rss / 1024, "fds": fds(pid)}
 
 
 def snapshot(sidecar_pid: int) -> dict:
     return {"sidecar": process_figures(sidecar_pid), "parent": process_figures(os.getpid()),
-            "shm_segments": shm_segments(), "gpu_used_mib": gpu_memory_used_mib()}
+            "shm_segments": len(shm_segments()), "gpu": gpu_figures([sidecar_pid])}
 
 
 def worker(name: str, w: int, dim: int, ops: int, warmup: int, seed: int, barrier, out) -> None:
@@ -126,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the JSON here")
     args = parser.parse_args(argv)
 
-    start = {"shm_segments": shm_segments(), "gpu_used_mib": gpu_memory_used_mib()}
+    start = {"shm_segments": len(shm_segments()), "gpu": gpu_figures([])}
     name = f"soak-{uuid.uuid4().hex[:8]}"
     proc = start_sidecar(name, dim=args.dim, capacity=args.capacity, backend=args.backend)
     # fill the tier first, so "before" sees it at capacity and the workers' upserts evict
@@ -161,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.stop()
     time.sleep(0.5)
-    closed = {"sidecar_running": proc.running(), "shm_segments": shm_segments(), "gpu_used_mib": gpu_memory_used_mib()}
+    closed = {"sidecar_running": proc.running(), "shm_segments": len(shm_segments()), "gpu": gpu_figures([])}
     done = sum(r["search"] + r["upsert"] + r["delete"] for r in results)
     report = {
         "backend": args.backend, "processes": args.processes, "ops": done, "wall_s": wall, "ops_per_s": done / wall,
@@ -174,14 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hot-tier soak, {args.backend}, {args.processes} processes: {done:,} operations in {wall:.1f} s "
           f"({done / wall:,.0f}/s): {report['search']:,} searches, {report['upsert']:,} upserts, "
           f"{report['delete']:,} deletes; errors {report['errors']}, bad answers {report['bad_answers']}")
-    print(f"  sidecar RSS {b.get('rss_mb', 0):.1f} -> {a.get('rss_mb', 0):.1f} MB, fds {b.get('fds')} -> {a.get('fds')}")
-    print(f"  parent RSS {before['parent'].get('rss_mb', 0):.1f} -> {after['parent'].get('rss_mb', 0):.1f} MB, "
-          f"fds {before['parent'].get('fds')} -> {after['parent'].get('fds')}")
+    print(f"  sidecar RSS {b['rss_mb'] or 0:.1f} -> {a['rss_mb'] or 0:.1f} MB, fds {b['fds']} -> {a['fds']}")
+    print(f"  parent RSS {before['parent']['rss_mb'] or 0:.1f} -> {after['parent']['rss_mb'] or 0:.1f} MB, "
+          f"fds {before['parent']['fds']} -> {after['parent']['fds']}")
     print(f"  /dev/shm segments: start {start['shm_segments']}, before {before['shm_segments']}, after "
           f"{after['shm_segments']}, closed {closed['shm_segments']}")
-    gpu = [start["gpu_used_mib"], before["gpu_used_mib"], after["gpu_used_mib"], closed["gpu_used_mib"]]
-    print("  GPU memory used (MiB): " + ("no GPU" if gpu[0] is None else
-                                         f"start {gpu[0]:.0f}, before {gpu[1]:.0f}, after {gpu[2]:.0f}, closed {gpu[3]:.0f}"))
+    gpu = [g if isinstance(g, str) else sum(g["used_mib"]) for g in
+           (start["gpu"], before["gpu"], after["gpu"], closed["gpu"])]
+    print("  GPU memory used (MiB): " + ("no GPU" if isinstance(gpu[0], str) else
+                                         f"start {gpu[0]}, before {gpu[1]}, after {gpu[2]}, closed {gpu[3]}"))
     print(f"  after close: sidecar running {closed['sidecar_running']}")
     line = json.dumps(report)
     print(line)
