@@ -446,6 +446,22 @@ __device__ __forceinline__ void mma16816(float (&d)[4], unsigned a0, unsigned a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* v sorted across the warp, largest in lane 0 (bitonic, by shuffles). */
+__device__ __forceinline__ float warp_sort_desc(float v) {
+    const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+    for (unsigned size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+        for (unsigned stride = size >> 1; stride > 0; stride >>= 1) {
+            const float o = __shfl_xor_sync(0xffffffffu, v, stride);
+            /* the lower lane of a pair keeps the larger in a descending run, the smaller otherwise */
+            const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);
+            v = keep_max ? fmaxf(v, o) : fminf(v, o);
+        }
+    }
+    return v;
+}
+
 /* In-place selection of the best min(n, k) entries of s/id[0, n) into [0, min(n, k)), best first,
  * by one warp. Returns min(n, k). */
 __device__ unsigned warp_select(float *s, long long *id, unsigned n, unsigned k) {
@@ -638,10 +654,20 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
     const unsigned *pn = p.part_n + (size_t)qi * G;
     const float *ps = p.part_s + (size_t)qi * G * TR_BQ_MAX_K;
     const long long *pid = p.part_id + (size_t)qi * G * TR_BQ_MAX_K;
-    /* any list holding k entries bounds the global k-th score from below */
+    /* Lower bounds on the global k-th score: the k-th entry of any list that holds k, and the k-th best
+     * of the lists' first entries within a group of 32 lists (k entries of distinct lists). The second is
+     * far tighter when many lists each hold a few of the global best (1M rows over 264 lists: ~900
+     * entries pass the first alone, ~50 with both), which keeps the final selection small. */
     float local = -INFINITY;
-    for (unsigned b = tid; b < G; b += blockDim.x)
-        if (__ldcg(pn + b) == k) local = fmaxf(local, __ldcg(ps + (size_t)b * TR_BQ_MAX_K + k - 1));
+    for (unsigned g = warp; g * 32 < G; g += TR_CUDA_WARPS) {
+        const unsigned b = g * 32 + lane;
+        const unsigned n = b < G ? __ldcg(pn + b) : 0u;
+        if (n == k) local = fmaxf(local, __ldcg(ps + (size_t)b * TR_BQ_MAX_K + k - 1));
+        if (k <= 32) {
+            const float top = warp_sort_desc(n ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K) : -INFINITY);
+            local = fmaxf(local, __shfl_sync(0xffffffffu, top, k - 1));
+        }
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
     __syncthreads(); /* the previous query's readers of wmax/mcnt/mthr are done */
@@ -686,10 +712,30 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
         }
         __syncthreads();
     }
-    if (warp == 0) {
-        const unsigned m = warp_select(ms, mid, mcnt, k);
-        long long *oi = p.bq[qi].oid;
-        float *os = p.bq[qi].osc;
+    long long *oi = p.bq[qi].oid;
+    float *os = p.bq[qi].osc;
+    const unsigned n = mcnt;
+    if (n <= blockDim.x) {
+        /* few candidates: each thread ranks one against all (ranks are distinct: ids are unique) and
+         * writes it to its place, instead of k sequential rounds of one warp */
+        const unsigned m = n < k ? n : k;
+        if (tid < n) {
+            const float si = ms[tid];
+            const long long di = mid[tid];
+            unsigned rank = 0;
+            for (unsigned j = 0; j < n; j++) rank += better(ms[j], mid[j], si, di);
+            if (rank < k) {
+                oi[rank] = di;
+                os[rank] = si;
+            }
+        }
+        for (unsigned j = m + tid; j < k; j += blockDim.x) {
+            oi[j] = -1;
+            os[j] = -INFINITY;
+        }
+        if (tid == 0) p.out_hits[qi] = m;
+    } else if (warp == 0) {
+        const unsigned m = warp_select(ms, mid, n, k);
         for (unsigned j = lane; j < k; j += 32) {
             const bool have = j < m;
             oi[j] = have ? mid[j] : -1;
