@@ -36,8 +36,10 @@ and LanceDB cold tier, once per (policy, rule set, hot capacity), each run in a 
 
 Policies: lru, lfu, recency, lfu+pin, namespace, namespace+new (the namespace policy with a
 reserve of --new-share of the hot capacity for recently written small namespaces; not run by default)
-and namespace+prior (the namespace policy valuing each namespace at (aged reads + --prior) / rows, so
-small namespaces never read yet are kept whole and warmed first; not run by default).
+namespace+prior (the namespace policy valuing each namespace at (aged reads + --prior) / rows, so
+small namespaces never read yet are kept whole and warmed first; not run by default) and namespace+zipf
+(the namespace policy valuing each namespace at its posterior mean read rate under a Zipf popularity
+law fitted to the reads seen, per row; counts age with --zipf-half-life; not run by default).
 
 --ceilings (synthetic) adds what placement alone can reach with rule 1 at the main capacity, replayed at
 namespace granularity without the sidecar (rule1_ceilings): a policy that knows the true read popularity,
@@ -79,7 +81,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 from tiered_recall import TieredMemory  # noqa: E402
-from tiered_recall.policies import LFU, LRU, NamespacePolicy, RecencyWindow  # noqa: E402
+from tiered_recall.policies import LFU, LRU, NamespacePolicy, RecencyWindow, zipf_read_rates  # noqa: E402
 from tiered_recall.sidecar import HotTier, segment_path  # noqa: E402
 
 LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
@@ -204,7 +206,8 @@ def synthetic(*, namespaces: int, preload_rows: int, writes: int, reads: int, di
     return w
 
 
-def rule1_ceilings(w: Workload, share: float = 0.10, prior: float = 0.3, half_life: float = 2000.0) -> dict:
+def rule1_ceilings(w: Workload, share: float = 0.10, prior: float = 0.3, half_life: float = 2000.0,
+                   zipf_half_life: float = math.inf) -> dict:
     """What placement alone can reach with rule 1 at this capacity, replayed at namespace granularity
     (no sidecar: a namespace is hot-complete or not; rows move as in NamespacePolicy: the chosen set is a
     greedy knapsack by value per row; warm loads it; a write to a chosen namespace enters, evicting the
@@ -214,6 +217,8 @@ def rule1_ceilings(w: Workload, share: float = 0.10, prior: float = 0.3, half_li
                        generator's true popularity distribution as the prior: the best any policy that
                        ranks by read counts can do
       prior_model      (aged reads + prior) / rows: NamespacePolicy(prior=...) at namespace granularity
+      zipf_model       the posterior mean read rate under a Zipf law fitted to the reads seen / rows:
+                       NamespacePolicy(popularity="zipf") at namespace granularity (zipf_read_rates)
     Returns {name: {"hit_rate", "hit_rate_2nd_half", "first_read_hit_rate"}}."""
     names = w.ns_index
     pop = np.asarray(w.read_pop, dtype=np.float64)
@@ -221,7 +226,9 @@ def rule1_ceilings(w: Workload, share: float = 0.10, prior: float = 0.3, half_li
     cap = int(round(share * w.total_rows))
     tie = np.random.default_rng(12345).permutation(n_ns)
     out = {}
-    for model in ("true_popularity", "bayes_counts", "prior_model"):
+    for model in ("true_popularity", "bayes_counts", "prior_model", "zipf_model"):
+        aged_model = model in ("prior_model", "zipf_model")
+        model_half_life = zipf_half_life if model == "zipf_model" else half_life
         total = np.zeros(n_ns)
         for ns, ids, _v, _t in w.preload:
             total[names[ns]] += len(ids)
@@ -237,6 +244,11 @@ def rule1_ceilings(w: Workload, share: float = 0.10, prior: float = 0.3, half_li
                 v = pop / size
             elif model == "prior_model":
                 v = (count * np.exp2(-(state["tick"] - count_at) / half_life) + prior) / size
+            elif model == "zipf_model":
+                v = np.zeros(n_ns)
+                with_rows = total > 0
+                aged = count * np.exp2(-(state["tick"] - count_at) / model_half_life)
+                v[with_rows] = zipf_read_rates(aged[with_rows], cache=cache) / size[with_rows]
             else:
                 t = state["reads"]
                 rate = np.empty(n_ns)
@@ -298,7 +310,7 @@ def rule1_ceilings(w: Workload, share: float = 0.10, prior: float = 0.3, half_li
                 first.append(i not in seen)
                 seen.add(i)
                 state["reads"] += 1
-                count[i] = count[i] * (2.0 ** (-(state["tick"] - count_at[i]) / half_life) if model == "prior_model" else 1.0) + 1
+                count[i] = count[i] * (2.0 ** (-(state["tick"] - count_at[i]) / model_half_life) if aged_model else 1.0) + 1
                 count_at[i] = state["tick"]
                 v = value()
                 chosen = plan(v)
@@ -361,6 +373,7 @@ def locomo(path: Path, *, tau: float = 0.5, max_conversations: int | None = None
 
 NEW_SHARE = [0.3]  # --new-share: the namespace+new policy's reserve for new rows (share of the capacity)
 PRIOR = [0.3]  # --prior: the namespace+prior policy's prior reads per namespace
+ZIPF_HALF_LIFE = [math.inf]  # --zipf-half-life: the namespace+zipf policy's read-count half-life (ticks)
 
 
 def make_policy(name: str, pin: list[str]):
@@ -368,7 +381,8 @@ def make_policy(name: str, pin: list[str]):
             "lfu+pin": lambda: LFU(half_life=2000, pin_namespaces=pin),
             "namespace": lambda: NamespacePolicy(half_life=2000),
             "namespace+new": lambda: NamespacePolicy(half_life=2000, new_share=NEW_SHARE[0]),
-            "namespace+prior": lambda: NamespacePolicy(half_life=2000, prior=PRIOR[0])}[name]()
+            "namespace+prior": lambda: NamespacePolicy(half_life=2000, prior=PRIOR[0]),
+            "namespace+zipf": lambda: NamespacePolicy(half_life=ZIPF_HALF_LIFE[0], popularity="zipf")}[name]()
 
 
 RULE_SETS = {"complete": (("complete",), None), "complete+bound": (("complete", "bound"), None),
@@ -585,15 +599,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prior", type=float, default=PRIOR[0],
                     help="policy namespace+prior: reads credited to every namespace before its reads are seen "
                          "(value per row = (aged reads + prior) / rows; unread small namespaces are kept whole)")
+    ap.add_argument("--zipf-half-life", type=float, default=ZIPF_HALF_LIFE[0],
+                    help="policy namespace+zipf: half-life of its read counts in ticks (default inf: no ageing, "
+                         "the synthetic popularity does not drift)")
     ap.add_argument("--seed", type=int, default=0, help="synthetic: the workload's random seed")
     ap.add_argument("--ceilings", action="store_true",
                     help="synthetic: also replay placement alone at namespace granularity (no sidecar) at the main "
                          "capacity: a policy knowing the true popularity, the best read-count policy (Bayes "
-                         "posterior under the true popularity law) and the prior model (see rule1_ceilings)")
+                         "posterior under the true popularity law), the prior model and the fitted Zipf model "
+                         "(see rule1_ceilings)")
     ap.add_argument("--out", default=str(REPO / "results" / "tier_hit_rate"))
     args = ap.parse_args(argv)
     NEW_SHARE[0] = args.new_share
     PRIOR[0] = args.prior
+    ZIPF_HALF_LIFE[0] = args.zipf_half_life
     if args.quick:
         args.namespaces, args.preload, args.writes, args.reads = 200, 2000, 150, 600
     out = Path(args.out)
@@ -615,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
                 w = locomo(LOCOMO, max_conversations=2 if args.quick else args.locomo_conversations)
                 main_share, shares = args.locomo_main_share, args.locomo_shares
             if w.info is not None and args.ceilings and w.read_pop is not None:
-                w.info["rule1_ceilings"] = rule1_ceilings(w, main_share, prior=args.prior)
+                w.info["rule1_ceilings"] = rule1_ceilings(w, main_share, prior=args.prior,
+                                                              zipf_half_life=args.zipf_half_life)
             if w.info:
                 print(f"{w.name}: {json.dumps(w.info)}", flush=True)
                 workloads_info[w.name] = w.info

@@ -10,7 +10,8 @@ import pytest
 
 from tiered_recall import InvalidInput
 from tiered_recall.namespaces import namespace_hash
-from tiered_recall.policies import LFU, LRU, HotSet, NamespacePolicy, RecencyWindow, resolve_policy
+from tiered_recall.policies import (LFU, LRU, HotSet, NamespacePolicy, RecencyWindow, fit_zipf_exponent,
+                                    resolve_policy, zipf_read_rates)
 from tiered_recall.scoring import Boost, Scoring
 
 DIM = 16
@@ -230,12 +231,14 @@ def test_namespace_policy_with_pinning(open_memory):
     assert memory.stats()["hot_rows"] <= 10
 
 
-@pytest.mark.parametrize("new_share, prior", [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5), (0.2, 0.3)])
-def test_namespace_policy_is_exact_across_adds_deletes_and_evictions(open_memory, new_share, prior):
+@pytest.mark.parametrize("new_share, prior, popularity",
+                         [(0.0, 0.0, "counts"), (0.3, 0.0, "counts"), (0.0, 0.5, "counts"), (0.2, 0.3, "counts"),
+                          (0.0, 0.0, "zipf")])
+def test_namespace_policy_is_exact_across_adds_deletes_and_evictions(open_memory, new_share, prior, popularity):
     rng = np.random.default_rng(10)
     cap = 40
-    memory = open_memory(hot_capacity=cap, policy=NamespacePolicy(half_life=200, new_share=new_share, prior=prior),
-                         rules=("complete", "bound"))
+    policy = NamespacePolicy(half_life=200, new_share=new_share, prior=prior, popularity=popularity)
+    memory = open_memory(hot_capacity=cap, policy=policy, rules=("complete", "bound"))
     names = [f"n{i}" for i in range(8)]
     weight = np.array([8, 6, 4, 3, 2, 1, 1, 1], dtype=np.float64)
     weight /= weight.sum()
@@ -412,3 +415,56 @@ def test_namespace_policy_prior_warms_small_namespaces_whole_and_answers_their_f
     stats = memory.stats()
     assert stats["hot_rows"] <= 16 and stats["rows_moved"]["sidecar_evicted"] == 0
     assert stats["policy"] == "namespace(half_life=10000, prior=0.3)"
+
+
+# ---- namespace policy valued by a fitted Zipf popularity (empirical Bayes) ---------------------
+
+def test_fit_zipf_exponent_recovers_the_law_that_drew_the_reads():
+    rng = np.random.default_rng(21)
+    for true_s in (0.8, 1.1, 1.5):
+        law = np.arange(1, 1001, dtype=np.float64) ** -true_s
+        law /= law.sum()
+        reads = rng.choice(1000, size=5000, p=law)
+        distinct = len(np.unique(reads))
+        assert fit_zipf_exponent(1000, 5000, distinct) == pytest.approx(true_s, abs=0.08), true_s
+    assert fit_zipf_exponent(50, 10, 10) == 0.05, "every read a new namespace: the flattest law allowed"
+    assert fit_zipf_exponent(50, 1000, 1) == 4.0, "one namespace took every read: the steepest law allowed"
+
+
+def test_zipf_read_rates_order_counts_and_weigh_them_by_the_reads_seen():
+    assert zipf_read_rates(np.zeros(4)) == pytest.approx(np.full(4, 0.25)), "no reads: every namespace alike"
+    rng = np.random.default_rng(22)
+    law = np.arange(1, 201, dtype=np.float64) ** -1.1
+    law /= law.sum()
+    counts = np.bincount(rng.choice(200, size=800, p=law), minlength=200).astype(np.float64)
+    rates = zipf_read_rates(counts)
+    assert np.all(rates > 0) and np.all(rates < 1)
+    order = np.argsort(counts, kind="stable")
+    assert np.all(np.diff(rates[order]) >= -1e-12), "a namespace read more is never worth less"
+    once, twice = rates[counts == 1][0], rates[counts == 2][0]
+    assert twice > once, (once, twice)
+    # what an unread namespace is worth next to one read once depends on how many reads went by
+    # ((count + prior) would fix it at prior / (1 + prior)): after few reads, once is a real signal;
+    # after many, a namespace read once is the law's long tail too
+    ratio = {}
+    for reads in (50, 5000):
+        c = np.bincount(rng.choice(200, size=reads, p=law), minlength=200).astype(np.float64)
+        r = zipf_read_rates(c)
+        ratio[reads] = r[c == 0][0] / r[c == 1][0]
+    assert ratio[50] < 0.5 * ratio[5000], ratio
+
+
+def test_namespace_policy_zipf_keeps_small_namespaces_first_then_follows_reads():
+    with pytest.raises(InvalidInput, match="popularity must be one of"):
+        NamespacePolicy(popularity="pareto")
+    p = NamespacePolicy(half_life=math.inf, popularity="zipf")
+    p.set_sizes({f"s{i}": 1 for i in range(6)} | {"mid": 4, "big": 40})
+    assert p.chosen(0, 6) == {f"s{i}" for i in range(6)}, "unread namespaces alike: the smallest first"
+    assert p.warm_namespaces(0, 6) == {f"s{i}" for i in range(6)}
+    for t in range(1, 13):
+        p.observe("mid", t)
+    p.observe("s0", 13)
+    # mid was read 12 times: worth more per row than the single rows never read
+    assert "mid" in p.chosen(13, 6) and "s0" in p.chosen(13, 6)
+    assert p.density("mid", 13) > p.density("s1", 13)
+    assert p.describe() == "namespace(half_life=inf, popularity=zipf)"
