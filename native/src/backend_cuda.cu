@@ -401,7 +401,7 @@ __global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t d
 #define TR_BQ_MAX_K 64   /* larger k goes through the per-query kernel */
 #define TR_BQ_CB 256     /* per-query candidate buffer in a scan block */
 #define TR_BQ_ROUND 128  /* rows per block round: 8 warps x 16 */
-#define TR_BQ_UNROLL 8   /* 32-half chunks loaded before the mmas */
+#define TR_BQ_STAGE 4    /* 32-half chunks per register stage (two stages: one loading, one in the mmas) */
 #define TR_BQ_INLINE 128 /* uint4 of f16 queries that ride in the kernel parameters (2 KB) */
 #define TR_BQ_MCB 2304   /* merge buffer: one 2048-entry round + kept */
 #define TR_BQ_FUSE_MAX 2 /* up to this many queries per pass: the scan's last block merges (one launch);
@@ -544,17 +544,21 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
             float acc[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-            for (unsigned c0 = 0; c0 < p.nchunk; c0 += TR_BQ_UNROLL) {
-                uint4 a[TR_BQ_UNROLL], b[TR_BQ_UNROLL];
+            /* two register stages: the next TR_BQ_STAGE chunks are in flight while the mmas consume
+             * the current ones, so the row stream never waits a whole memory round trip between
+             * waves (one 8-chunk wave at a time left HBM idle between them) */
+            auto load = [&](unsigned c0, uint4 (&a)[TR_BQ_STAGE], uint4 (&b)[TR_BQ_STAGE]) {
 #pragma unroll
-                for (int u = 0; u < TR_BQ_UNROLL; u++) {
+                for (int u = 0; u < TR_BQ_STAGE; u++) {
                     const unsigned cc = (c0 + u) * 4u + t;
-                    const bool ok = cc < p.nvec; /* also false past the last chunk */
+                    const bool ok = cc < p.nvec; /* also false past the last chunk: no load */
                     a[u] = (ok && vg) ? __ldg(xg + cc) : make_uint4(0, 0, 0, 0);
                     b[u] = (ok && vh) ? __ldg(xh + cc) : make_uint4(0, 0, 0, 0);
                 }
+            };
+            auto multiply = [&](unsigned c0, const uint4 (&a)[TR_BQ_STAGE], const uint4 (&b)[TR_BQ_STAGE]) {
 #pragma unroll
-                for (int u = 0; u < TR_BQ_UNROLL; u++) {
+                for (int u = 0; u < TR_BQ_STAGE; u++) {
                     if (c0 + u < p.nchunk) {
                         const unsigned cc = (c0 + u) * 4u + t;
 #pragma unroll
@@ -565,6 +569,14 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
                         }
                     }
                 }
+            };
+            uint4 a0[TR_BQ_STAGE], b0[TR_BQ_STAGE], a1[TR_BQ_STAGE], b1[TR_BQ_STAGE];
+            load(0, a0, b0);
+            for (unsigned c0 = 0; c0 < p.nchunk; c0 += 2 * TR_BQ_STAGE) {
+                load(c0 + TR_BQ_STAGE, a1, b1);
+                multiply(c0, a0, b0);
+                load(c0 + 2 * TR_BQ_STAGE, a0, b0);
+                multiply(c0 + TR_BQ_STAGE, a1, b1);
             }
             uint64_t nsg = 0, nsh = 0;
             if (p.any_filter) {
