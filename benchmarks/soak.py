@@ -62,8 +62,8 @@ LANCE_CACHE_MIB = os.environ.get("TR_SOAK_LANCE_CACHE_MIB")  # --lance-cache-mib
 
 def _cap_lance_caches() -> None:
     """Diagnostic (--lance-cache-mib): every lancedb.connect in this process gets a Session whose metadata and
-    index caches hold at most that many MiB (LanceDB's defaults: 1 GiB and 6 GiB per connection). Shows
-    whether RSS growth is LanceDB's per-version metadata cache; the cold tier itself does not set a session."""
+    index caches hold at most that many MiB (LanceDB's defaults: 1 GiB and 6 GiB per connection; the cold tier caps
+    the metadata cache at 64 MiB). Shows whether RSS growth is LanceDB's per-version metadata cache."""
     if not LANCE_CACHE_MIB:
         return
     import lancedb
@@ -75,7 +75,7 @@ def _cap_lance_caches() -> None:
     real = lancedb.connect
 
     def connect(*args, **kwargs):
-        kwargs.setdefault("session", session)
+        kwargs["session"] = session  # over the cold tier's own session (64 MiB metadata cache), which it passes itself
         return real(*args, **kwargs)
 
     connect._soak_capped = True

@@ -9,7 +9,7 @@ import threading
 import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -25,6 +25,14 @@ import numpy as np
 #   generation are always newer than every row change committed since that generation began (a flush of its own
 #   records aside). A reader loading table version V applies the records of the newest generation whose
 #   base_version <= V and of all later ones, and has a consistent view without taking any lock.
+# - Records are logged adds (rows) and logged deletes (ids; a payload whose dim field is 0), in the order they were
+#   acknowledged. A flush commits the last operation of each id (delete, or upsert of its newest row), so a delete
+#   reaches every process through the log like an add, and a row deleted after it was logged never comes back.
+#   Two notes change no rows and are skipped by a flush (which still rotates them away): "changed" (a write that
+#   bypassed the log committed table version V: readers whose mirror is older reload) and "benign" (table versions
+#   a compaction or index build made, checked to keep every row: readers need not check them again). The versions
+#   in (pre_version, base_version] of a header are the flush's own commits and compactions (direct writes wait for
+#   the flush lock), so a reader that applied the generation's records knows every one of them.
 # - A flush takes the records present (up to offset E), commits them (upsert by id: replay is idempotent) while
 #   appends go on, then rotates: the new generation starts with a copy of the records appended since E ("carried";
 #   the header says E and how many bytes), so no record is ever only in a file that is no longer current. Killed
@@ -66,6 +74,66 @@ class Rows:
     roles: list
     texts: list
     metadata_json: list
+    gen: int = field(default=0, compare=False)  # where the follower read it (LogFollower.poll sets these)
+    offset: int = field(default=0, compare=False)
+
+
+@dataclass
+class Deleted:
+    """One logged delete: (n,) ids."""
+    ids: np.ndarray
+    gen: int = field(default=0, compare=False)
+    offset: int = field(default=0, compare=False)
+
+
+@dataclass
+class Note:
+    """A record that changes no rows: kind "changed" (versions: [the table version a direct write committed]) or
+    "benign" (versions a compaction or index build made that keep every row)."""
+    kind: str
+    versions: np.ndarray
+    gen: int = field(default=0, compare=False)
+    offset: int = field(default=0, compare=False)
+
+
+# The dim field of the payload head tells the record kinds apart (rows always have dim >= 1); an older reader
+# fails loudly on the others (a short buffer) instead of taking them for a torn tail and cutting them off.
+_DIM_DELETE = 0
+_DIM_NOTES = {"changed": 0xFFFFFFFF, "benign": 0xFFFFFFFE}
+_NOTE_OF_DIM = {v: k for k, v in _DIM_NOTES.items()}
+
+
+def _encode_ids(values: np.ndarray, dim: int) -> bytes:
+    values = np.ascontiguousarray(values, "<i8")
+    payload = _PAYLOAD_HEAD.pack(int(values.shape[0]), dim) + values.tobytes()
+    return _REC.pack(REC_MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+
+def encode_delete(ids: np.ndarray) -> bytes:
+    return _encode_ids(ids, _DIM_DELETE)
+
+
+def encode_note(kind: str, versions) -> bytes:
+    return _encode_ids(np.asarray(versions, np.int64).reshape(-1), _DIM_NOTES[kind])
+
+
+def decode_record(payload: bytes) -> "Rows | Deleted | Note":
+    n, dim = _PAYLOAD_HEAD.unpack_from(payload, 0)
+    if dim == _DIM_DELETE or dim in _NOTE_OF_DIM:
+        values = np.frombuffer(payload, "<i8", n, _PAYLOAD_HEAD.size).astype(np.int64)
+        return Deleted(values) if dim == _DIM_DELETE else Note(_NOTE_OF_DIM[dim], values)
+    return decode_rows(payload)
+
+
+def lock_held(fd: int) -> bool:
+    """Whether some thread or process holds an exclusive flock on the file `fd` is open on (`fd` must be an open
+    file of its own, not the one the holder locks through). A shared lock is taken and dropped at once."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 
 
 def encode_rows(rows: Rows) -> bytes:
@@ -155,6 +223,7 @@ class WriteAheadLog:
         self._flush_mutex = threading.RLock()
         self._flush_depth = 0
         self._flush_fd = os.open(os.path.join(folder, FLUSH_LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        self._flush_probe_fd = os.open(os.path.join(folder, FLUSH_LOCK_NAME), os.O_RDWR)  # for flush_in_progress()
         self._wfd: int | None = None
         self._wgen = 0
         self._wend = 0  # end of the last intact record of the current generation (valid under the lock)
@@ -310,6 +379,10 @@ class WriteAheadLog:
         except (FileNotFoundError, IndexError):
             return 0
 
+    def flush_in_progress(self) -> bool:
+        """Whether a flush or a write that bypasses the log holds the flush lock now (this process's included)."""
+        return lock_held(self._flush_probe_fd)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -320,6 +393,7 @@ class WriteAheadLog:
                 self._wfd = None
             os.close(self._lock_fd)
             os.close(self._flush_fd)
+            os.close(self._flush_probe_fd)
 
 
 class LogFollower:
@@ -349,8 +423,9 @@ class LogFollower:
         return header
 
     def poll(self) -> list:
-        """Events since the last poll: ("rows", Rows) for each new record, ("rotated", Header) when a new generation
-        begins, ("gap", None) when generations were deleted before this process read them (reload from LanceDB)."""
+        """Events since the last poll: ("rows", Rows), ("deleted", Deleted) or ("note", Note) for each new record (with
+        the generation and offset it was read at), ("rotated", Header) when a new generation begins, ("gap", None) when generations
+        were deleted before this process read them (reload from LanceDB)."""
         events: list = []
         while True:
             # Look for the next generation before reading: once it exists this one takes no more appends, so the
@@ -358,7 +433,11 @@ class LogFollower:
             rotated = os.path.exists(self.wal.path_of(self.gen + 1))
             if os.fstat(self.fd).st_size > self.offset:
                 records, self.offset = parse_records(read_all(self.fd, self.offset), self.offset)
-                events.extend(("rows", decode_rows(p)) for _, p in records)
+                for at, p in records:
+                    rec = decode_record(p)
+                    rec.gen, rec.offset = self.gen, at
+                    kind = "rows" if isinstance(rec, Rows) else "deleted" if isinstance(rec, Deleted) else "note"
+                    events.append((kind, rec))
             if not rotated:
                 if not os.path.exists(self.wal.path_of(self.gen)):
                     events.append(("gap", None))  # ours and (oldest first) every later one were deleted

@@ -18,11 +18,12 @@ from . import _validate as check
 from ._ann import (TARGET_RECALL, IvfAnn, choose_method, choose_nlist, flat_search, read_choice, remove_choice,
                    write_choice)
 from ._bm25 import Bm25Index, rrf_fuse
-from ._maintenance import MaintenanceThread, maintenance_lock
+from ._maintenance import LOCK_FILE_NAME as MAINTENANCE_LOCK_NAME, MaintenanceThread, maintenance_lock
 from ._mirror import VectorMirror, positions_bitmap, top_k_with_ties
 from ._schema import (TABLE_NAME, VECTOR_COLUMN, build_batch, memory_schema, rows_from_arrow, schema_dim,
                       sql_id_list, sql_string, timestamps_us, vectors_from_arrow)
-from ._wal import HEADER_SIZE, LogFollower, Rows, WriteAheadLog, decode_rows, encode_rows, parse_records, read_all
+from ._wal import (HEADER_SIZE, Deleted, Header, LogFollower, Note, Rows, WriteAheadLog, decode_record, encode_delete,
+                   encode_note, encode_rows, lock_held)
 
 T = TypeVar("T")
 
@@ -104,9 +105,12 @@ class ColdStore:
       wal: True (default) makes small adds durable in a write-ahead log under _wal/ (fdatasync, well under a
           millisecond) instead of a LanceDB commit each; a background flusher moves logged rows into LanceDB in
           batches (upsert by id, so replay is idempotent) once `wal_flush_rows` are pending or every `wal_flush_s`.
-          Rows in the log are searched, counted and returned like any other (every process follows the log); reads
-          that LanceDB serves (get, where filters, LanceDB search paths, stats) flush the log first. On open the
-          log is replayed; close() flushes it. False commits every add to LanceDB before returning.
+          Deletes are logged too (while the mirror is loaded), so they reach every process through the log instead of
+          a LanceDB commit each; a flush commits the last operation of each id. Rows in the log are searched,
+          counted and returned like any other (every process follows the log; get() answers logged rows and deletes
+          from it); reads that LanceDB serves (where filters, LanceDB search paths, stats) flush the log first. On
+          open the log is replayed; close() flushes it. False commits every add and delete to LanceDB before
+          returning.
     """
 
     def __init__(self, path: str | os.PathLike, *, dim: int, read_consistency_interval_s: float = 0.0,
@@ -177,6 +181,14 @@ class ColdStore:
         self._wal_flush_rows = wal_flush_rows
         self._wal_flush_s = float(wal_flush_s)
         self._wal_unflushed = 0  # rows this process logged since its last flush (wakes the flusher)
+        # The newest logged operation of each id not yet flushed, as this process followed the log: id -> (gen, offset,
+        # Rows or None for a delete, row index). get() answers from it without forcing a flush.
+        self._unflushed: dict[int, tuple] = {}
+        # Table versions past the mirror's whose effect the mirror already holds: a flush of logged records (known from
+        # the log's rotation) or a compaction / index build (a "benign" note in the log, or list_versions(), which is
+        # O(versions kept), ~30-50 ms at a few hundred: taken once per version, never again). Versions never change.
+        self._known: set[int] = set()
+        self._maintenance_probe_fd: int | None = None  # for _writer_active()
         self._wal_flushes = 0
         self._wal_flushed_rows = 0
         self._wal_last_flush_s: float | None = None
@@ -194,6 +206,8 @@ class ColdStore:
         if wal:
             self._wal = self._guard("open the write-ahead log", lambda: WriteAheadLog(os.path.join(self._path, WAL_FOLDER)))
             self._follower = LogFollower(self._wal)
+            self._maintenance_probe_fd = os.open(os.path.join(self._path, MAINTENANCE_LOCK_NAME),
+                                                 os.O_RDWR | os.O_CREAT, 0o600)
         interval = timedelta(seconds=float(read_consistency_interval_s))
         self._lagging_reads = read_consistency_interval_s > 0
         # LanceDB caches metadata for every table version a process sees, up to 1 GiB by default: with
@@ -263,6 +277,9 @@ class ColdStore:
                 self._follower.close()
             if self._wal is not None:
                 self._wal.close()
+            if self._maintenance_probe_fd is not None:
+                os.close(self._maintenance_probe_fd)
+                self._maintenance_probe_fd = None
 
     def __enter__(self) -> "ColdStore":
         return self
@@ -318,6 +335,7 @@ class ColdStore:
         logged rows that version does not hold yet."""
         for _ in range(5):
             self._load_table_locked()
+            self._unflushed.clear()  # refilled by the attach below, from the generation the loaded version may lack
             if self._wal is None or self._attach_log_locked():
                 return
         raise StorageError(f"cold tier: could not line up the write-ahead log of {self._path} with the table "
@@ -396,18 +414,36 @@ class ColdStore:
         for kind, item in events:
             if kind == "rows":
                 self._apply_logged_rows_locked(item)
+            elif kind == "deleted":
+                self._apply_logged_delete_locked(item)
+            elif kind == "note":
+                if item.kind == "changed":
+                    if int(item.versions.max()) > self._mirror_version:
+                        return False  # a write that bypassed the log changed rows this mirror lacks: reload
+                else:  # "benign"
+                    self._known.update(int(v) for v in item.versions.tolist() if v > self._mirror_version)
+                    self._advance_locked()
             elif kind == "rotated":
-                # The previous generation's rows (all applied above) were committed on top of pre_version, giving
-                # base_version. If the mirror already reflects pre_version, it now reflects base_version.
-                if self._mirror_version >= item.base_version:
-                    continue
-                if self._mirror_version >= item.pre_version or self._benign_versions(self._mirror_version, item.pre_version):
-                    self._mirror_version = item.base_version
-                else:
-                    return False  # rows changed in LanceDB that this process did not see: reload
+                self._drop_flushed_locked(item)
+                # The previous generation's records (all applied above) were committed on top of pre_version, giving
+                # base_version; versions in between are that flush's commits and compactions (see _wal.py). If the
+                # mirror reflects pre_version, it now reflects base_version; otherwise _sync_locked() settles the
+                # versions before pre_version (a note may still come, or list_versions(), or a reload).
+                if item.base_version > self._mirror_version:
+                    self._known.update(range(max(item.pre_version, self._mirror_version) + 1, item.base_version + 1))
+                    self._advance_locked()
             else:  # "gap"
                 return False
         return True
+
+    def _advance_locked(self) -> None:
+        """Move the mirror's version over the versions whose effect it already holds."""
+        known, v = self._known, self._mirror_version
+        while v + 1 in known:
+            v += 1
+        self._mirror_version = v
+        if len(known) > 1024:
+            known.difference_update([k for k in known if k <= v])
 
     def _apply_logged_rows_locked(self, rows: Rows) -> None:
         m = self._mirror
@@ -423,53 +459,89 @@ class ColdStore:
             self._row_estimate += int(rows.ids.shape[0])
         if self._bm25 is not None:
             self._bm25.upsert(rows.ids.tolist(), rows.namespaces, _keyword_texts(rows.roles, rows.texts))
+        for j, row_id in enumerate(rows.ids.tolist()):
+            self._unflushed[row_id] = (rows.gen, rows.offset, rows, j)
 
-    def _current_generation_rows_locked(self) -> list[Rows]:
-        """Rows of the log generation being followed, up to what was applied (newer than LanceDB's flushes)."""
-        f = self._follower
-        if f is None or f.fd is None:
-            return []
-        records, _ = parse_records(read_all(f.fd, HEADER_SIZE)[: f.offset - HEADER_SIZE], HEADER_SIZE)
-        return [decode_rows(p) for _, p in records]
+    def _apply_logged_delete_locked(self, deleted: Deleted) -> None:
+        m = self._mirror
+        if m is not None:
+            m.remove(deleted.ids)
+            self._row_estimate = m.live_rows
+        else:
+            self._row_estimate = max(0, self._row_estimate - int(deleted.ids.shape[0]))
+        if self._bm25 is not None:
+            self._bm25.remove(deleted.ids.tolist())
+        for row_id in deleted.ids.tolist():
+            self._unflushed[row_id] = (deleted.gen, deleted.offset, None, -1)
+
+    def _drop_flushed_locked(self, header: Header) -> None:
+        """A new generation began: the previous one's records before carried_from are in the table now (forget them);
+        those after were copied to the start of the new one (follow them there)."""
+        if not self._unflushed:
+            return
+        moved = HEADER_SIZE - header.carried_from
+        for row_id, (gen, offset, rows, j) in list(self._unflushed.items()):
+            if gen == header.prev_gen:
+                if offset < header.carried_from:
+                    del self._unflushed[row_id]
+                else:
+                    self._unflushed[row_id] = (header.gen, offset + moved, rows, j)
 
     def _benign_versions(self, start: int, end: int) -> bool:
-        """True if every version in (start, end] kept the rows as they were (compaction, index builds).
+        """True if the mirror holds the effect of every version in (start, end]: known already (flushed from the log,
+        or a compaction's note), or kept the rows as they were (compaction, index builds).
 
-        Judged from each version's summary against its predecessor: same live rows, no more data rows and no more
-        deleted rows. Inserts, deletes and updates all fail this; unknown versions (cleaned up) count as changes.
+        The latter is judged from each version's summary against its predecessor (_same_rows), by list_versions(),
+        once per version (verdicts are kept in self._known). Unknown versions (cleaned up) count as changes.
         """
         if end <= start:
+            return True
+        known = self._known
+        if all(v in known for v in range(start + 1, end + 1)):
             return True
         try:
             summaries = {v["version"]: v.get("metadata") or {} for v in self._table.list_versions()}
         except Exception:
             return False
-        for v in range(start + 1, end + 1):
+        verdict = True
+        for v in range(start + 1, max(summaries, default=end) + 1):
             before, after = summaries.get(v - 1), summaries.get(v)
-            if not before or not after:
-                return False
-            try:
-                same_rows = int(after["total_rows"]) == int(before["total_rows"])
-                no_new_data = int(after["total_data_file_rows"]) <= int(before["total_data_file_rows"])
-                no_new_deletes = int(after["total_deletion_file_rows"]) <= int(before["total_deletion_file_rows"])
-            except (KeyError, ValueError):
-                return False
-            if not (same_rows and no_new_data and no_new_deletes):
-                return False
-        return True
+            if before and after and _same_rows(before, after):
+                known.add(v)
+            elif v <= end and v not in known:
+                verdict = False
+        return verdict
 
-    def _sync_locked(self) -> None:
-        """Bring the mirror to the table's latest version before a read (another process may have written)."""
+    def _sync_locked(self, *, defer: bool = True) -> bool:
+        """Bring the mirror to the table's latest version before a read (another process may have written).
+
+        Versions the log does not explain yet, seen while another writer is at work (a flush between its commit and
+        its rotation, a compaction before its note), are left for a later sync (defer): every acknowledged change is
+        in the log already (rows, deletes, or a "changed" note of a write that bypassed it), so the mirror is
+        complete; only its version lags. Once no writer is at work, unexplained versions are checked (list_versions)
+        and, if they changed rows, the mirror is reloaded. Returns False when it deferred."""
         self._follow_log_locked()
         latest = self._guard("read the table version", lambda: self._table.version)
         if latest <= self._mirror_version:
             # Equal: nothing moved. Lower: with read_consistency_interval_s > 0 this handle may lag behind the
             # snapshot the mirror was loaded from; the mirror is already the newer view.
-            return
+            return True
+        if self._mirror is not None and self._wal is not None and not self._lagging_reads:
+            if defer and self._writer_active():
+                return False
+            self._follow_log_locked()  # a rotation or note written just before that writer let go
+            if latest <= self._mirror_version:
+                return True
         if self._mirror is not None and latest > self._mirror_version and self._benign_versions(self._mirror_version, latest):
             self._mirror_version = latest
-            return
+            self._advance_locked()
+            return True
         self._reload_mirror_locked()
+        return True
+
+    def _writer_active(self) -> bool:
+        """A flush, a write that bypasses the log, or maintenance (compaction, index builds) is running now."""
+        return self._wal.flush_in_progress() or lock_held(self._maintenance_probe_fd)
 
     def _after_own_write_locked(self, new_version: int, apply: Callable[[VectorMirror], None]) -> None:
         if self._mirror is None:
@@ -537,7 +609,7 @@ class ColdStore:
 
         with self._lock:
             self._check_open()
-            self._sync_locked()
+            self._sync_locked(defer=False)  # the flush lock is ours: no other writer to wait for
             expected = self._mirror_version + 1
             if self._mirror is not None and self._mirror.positions(ids).size == 0:
                 # All ids are new as of the latest version: a plain append skips merge_insert's join (~2x faster).
@@ -554,6 +626,7 @@ class ColdStore:
             self._row_estimate = self._row_estimate + n if self._mirror is None else self._mirror.live_rows
             if self._bm25 is not None:
                 self._bm25.upsert(ids.tolist(), namespaces, _keyword_texts(roles, texts))
+            self._announce_locked(encode_note("changed", [result.version]), f"log the add of {n} rows")
         if self._maintenance is not None:
             self._maintenance.note_writes()
 
@@ -571,6 +644,18 @@ class ColdStore:
                 self._flush_locked(appends_held=True)  # what was appended during that flush; the log is now empty
                 yield
 
+    def _announce_locked(self, record: bytes, what: str) -> None:
+        """After a write that bypassed the log (under _direct_write, so the append lock is ours): tell the other
+        processes through the log before the write is acknowledged (a repeated delete, or a "changed" note), so none
+        of them leaves it out of its mirror while it waits for another writer (see _sync_locked)."""
+        if self._wal is None:
+            return
+        try:
+            self._wal.append(record)
+        except Exception as exc:
+            raise StorageError(_storage_message(what, self._path, exc)) from exc
+        self._follow_log_locked()
+
     def _add_logged(self, rows: Rows) -> None:
         record = encode_rows(rows)
         with self._wal.locked():
@@ -586,10 +671,10 @@ class ColdStore:
             self._flusher_wake.set()
 
     def _flush_locked(self, *, appends_held: bool = False) -> int:
-        """Under the flush lock: commit every logged row to LanceDB (upsert by id, the last logged version of each id
-        wins), then start a new log generation. Appends go on during the commit (their records are carried into the
-        new generation) unless the caller holds the append lock (`appends_held`: the log is then empty after).
-        Returns the rows flushed."""
+        """Under the flush lock: commit the last logged operation of each id to LanceDB (delete, or upsert of its
+        newest logged row), then start a new log generation. Appends go on during the commit (their records are
+        carried into the new generation) unless the caller holds the append lock (`appends_held`: the log is then
+        empty after). Returns the rows flushed (upserted or deleted)."""
         if self._wal is None:
             return 0
         with self._wal.locked():
@@ -597,41 +682,58 @@ class ColdStore:
         if not records:
             return 0
         t0 = time.perf_counter()
-        parts = [decode_rows(p) for _, p in records]
-        ids = np.concatenate([r.ids for r in parts])
-        cols = {name: [v for r in parts for v in getattr(r, name)]
-                for name in ("namespaces", "sessions", "roles", "texts", "metadata_json")}
-        vectors = np.concatenate([r.vectors for r in parts])
-        created = np.concatenate([r.created_at_us for r in parts])
-        _, last = np.unique(ids[::-1], return_index=True)
-        keep = np.sort(ids.shape[0] - 1 - last)
-        if keep.shape[0] != ids.shape[0]:
-            ids, vectors, created = ids[keep], vectors[keep], created[keep]
-            cols = {name: [values[i] for i in keep.tolist()] for name, values in cols.items()}
-        batch = build_batch(self._schema, ids=ids, vectors=vectors, namespaces=cols["namespaces"], texts=cols["texts"],
-                            sessions=cols["sessions"], roles=cols["roles"], created_at_us=created,
-                            metadata_json=cols["metadata_json"])
+        parts = [r for _, p in records if not isinstance(r := decode_record(p), Note)]  # notes change no rows
+        rows = [r for r in parts if isinstance(r, Rows)]
+        # Every logged operation in log order; the last one of each id decides (a delete, or its newest row).
+        op_ids = np.concatenate([r.ids for r in parts] or [np.empty(0, np.int64)])
+        is_delete = np.concatenate([np.full(r.ids.shape[0], isinstance(r, Deleted)) for r in parts] or [np.empty(0, bool)])
+        row_at = np.full(op_ids.shape[0], -1, np.int64)
+        row_at[~is_delete] = np.arange(int((~is_delete).sum()))
+        _, last = np.unique(op_ids[::-1], return_index=True)
+        final = np.sort(op_ids.shape[0] - 1 - last)
+        delete_ids = np.sort(op_ids[final][is_delete[final]])
+        keep = row_at[final][~is_delete[final]]
+        batch = None
+        if keep.shape[0]:
+            ids = np.concatenate([r.ids for r in rows])[keep]
+            vectors = np.concatenate([r.vectors for r in rows])[keep]
+            created = np.concatenate([r.created_at_us for r in rows])[keep]
+            picks = keep.tolist()
+            cols = {name: [v for r in rows for v in getattr(r, name)]
+                    for name in ("namespaces", "sessions", "roles", "texts", "metadata_json")}
+            cols = {name: [values[i] for i in picks] for name, values in cols.items()}
+            batch = build_batch(self._schema, ids=ids, vectors=vectors, namespaces=cols["namespaces"],
+                                texts=cols["texts"], sessions=cols["sessions"], roles=cols["roles"],
+                                created_at_us=created, metadata_json=cols["metadata_json"])
         if self._flush_table is None:
             self._flush_table = self._guard("open the table", lambda: self._db.open_table(TABLE_NAME))
         table = self._flush_table
         pre = self._guard("read the table version", lambda: table.version)
-        result = self._commit(f"flush {ids.shape[0]} logged rows",
-                              lambda: table.merge_insert("id").when_matched_update_all()
-                              .when_not_matched_insert_all().execute(batch))
+        version = pre
+        # Deleted and upserted ids are disjoint, so the order of the two commits does not matter; both are
+        # idempotent, so a flusher killed between them (or before the rotation) is simply repeated by the next.
+        if delete_ids.shape[0]:
+            version = self._commit(f"flush {delete_ids.shape[0]} logged deletes",
+                                   lambda: table.delete(f"id IN {sql_id_list(delete_ids)}")).version
+        if batch is not None:
+            version = self._commit(f"flush {keep.shape[0]} logged rows",
+                                   lambda: table.merge_insert("id").when_matched_update_all()
+                                   .when_not_matched_insert_all().execute(batch)).version
         with self._wal.locked():
-            self._guard("rotate the write-ahead log", lambda: self._wal.rotate(gen, end, pre, result.version))
+            self._guard("rotate the write-ahead log", lambda: self._wal.rotate(gen, end, pre, version))
         with self._lock:
             if not self._closed:
                 if self._lagging_reads:  # this process's reads see its own flush, as they saw its own commits
                     self._guard("refresh the table", self._table.checkout_latest)
                 self._follow_log_locked()  # the rotation: the mirror now reflects the flush's table version
-        self._wal_unflushed = max(0, self._wal_unflushed - int(ids.shape[0]))
+        flushed = int(keep.shape[0] + delete_ids.shape[0])
+        self._wal_unflushed = max(0, self._wal_unflushed - flushed)
         self._wal_flushes += 1
-        self._wal_flushed_rows += int(ids.shape[0])
+        self._wal_flushed_rows += flushed
         self._wal_last_flush_s = time.perf_counter() - t0
         if self._maintenance is not None:
             self._maintenance.note_writes()
-        return int(ids.shape[0])
+        return flushed
 
     def _flush_now(self) -> int:
         if self._wal is None or self._closed:
@@ -658,8 +760,9 @@ class ColdStore:
 
     def _flush_for_read(self) -> bool:
         """Before a read that LanceDB serves: rows still in the log must be in the table. False when the flush failed
-        (disk full, ...): the rows stay durable in the log; get() then reads them from there, while where filters and
-        LanceDB search paths answer without them until a flush succeeds (stats() reports wal_last_error)."""
+        (disk full, ...): the rows stay durable in the log (get() and the mirror answer from there), while where
+        filters and LanceDB search paths answer without them until a flush succeeds (stats() reports
+        wal_last_error)."""
         if self._wal is None or self._wal.pending_bytes() == 0:
             return True
         try:
@@ -693,8 +796,38 @@ class ColdStore:
         if ids.size == 0:
             return 0
         ids = np.unique(ids)
+        if self._wal is not None and not self._lagging_reads:
+            deleted = self._delete_logged(ids)
+            if deleted is not None:
+                return deleted
         with self._direct_write():  # logged rows reach LanceDB first, so the delete covers them and none comes back
             return self._delete_committed(ids)
+
+    def _delete_logged(self, ids: np.ndarray) -> int | None:
+        """Log the delete (durable once fdatasynced; the flusher commits it, ordered after every add logged before
+        it). Counts the rows that existed from the mirror, which is exact under the append lock once in step with
+        the table and the log. None without a mirror (nothing to count from): the caller commits directly."""
+        with self._wal.locked():
+            with self._lock:
+                self._check_open()
+                settled = self._sync_locked()
+                if self._mirror is None:
+                    return None
+                deleted = int(self._mirror.positions(ids).shape[0])
+            if deleted == 0:
+                # Nothing to delete in the table or the log: no record. Unless the mirror's version lags (deferred
+                # while another writer works) and a write outside this store's log could hold the ids: commit directly.
+                return 0 if settled else None
+            try:
+                self._wal.append(encode_delete(ids))  # durable here (fdatasync)
+            except Exception as exc:
+                raise StorageError(_storage_message(f"log the delete of {ids.size} rows", self._path, exc)) from exc
+            with self._lock:
+                self._follow_log_locked()  # applies this delete (and any record before it) to the mirror
+            self._wal_unflushed += int(ids.shape[0])
+        if self._wal_unflushed >= self._wal_flush_rows:
+            self._flusher_wake.set()
+        return deleted
 
     def _delete_committed(self, ids: np.ndarray) -> int:
         with self._lock:
@@ -705,6 +838,8 @@ class ColdStore:
             self._row_estimate = max(0, self._row_estimate - deleted)
             if self._bm25 is not None:
                 self._bm25.remove(ids.tolist())
+            if deleted:
+                self._announce_locked(encode_delete(ids), f"log the delete of {ids.size} rows")
         if deleted and self._maintenance is not None:
             self._maintenance.note_writes()
         return deleted
@@ -731,8 +866,10 @@ class ColdStore:
         excluded = None if exclude_ids is None else check.check_ids(exclude_ids, name="exclude_ids", allow_empty=True)
         if text is not None and not isinstance(text, str):
             raise InvalidInput(f"text must be a str (the query text for hybrid BM25 + vector search) or None, got {type(text).__name__}")
+        # A BM25 index is built from the table and the log's newest operations (no flush needed), except through a
+        # lagging handle, which may not see another process's flush yet.
         lancedb_serves = (where is not None or self._mirror is None or self._index_mode == "lancedb"
-                          or (text is not None and self._bm25 is None))
+                          or (text is not None and self._bm25 is None and self._lagging_reads))
         with self._read_locked(flush=lancedb_serves):
             if text is not None and text.strip():
                 return self._hybrid_locked(query, text, k, namespace, where, excluded)
@@ -749,7 +886,7 @@ class ColdStore:
         namespace = check.check_optional_namespace(namespace)
         where = check.check_where(where)
         excluded = None if exclude_ids is None else check.check_ids(exclude_ids, name="exclude_ids", allow_empty=True)
-        with self._read_locked(flush=where is not None or self._bm25 is None):
+        with self._read_locked(flush=where is not None or (self._bm25 is None and self._lagging_reads)):
             only = None if where is None else self._matching_ids(namespace, where)
             return self._bm25_locked().search(text, k, namespace=namespace, only_ids=only, exclude_ids=excluded)
 
@@ -839,9 +976,14 @@ class ColdStore:
             bm25 = Bm25Index()
             bm25.upsert(data.column("id").to_pylist(), data.column("namespace").to_pylist(),
                         _keyword_texts(data.column("role").to_pylist(), data.column("text").to_pylist()))
-            # Rows logged since the last flush (newer than the table's rows; re-applying a flushed one is harmless).
-            for rows in self._guard("read the write-ahead log", self._current_generation_rows_locked):
-                bm25.upsert(rows.ids.tolist(), rows.namespaces, _keyword_texts(rows.roles, rows.texts))
+            # Operations logged since the last flush (newer than the table's rows; re-applying a flushed one is
+            # harmless): the newest of each id.
+            gone = [row_id for row_id, (_, _, rows, _) in self._unflushed.items() if rows is None]
+            if gone:
+                bm25.remove(gone)
+            for row_id, (_, _, rows, j) in self._unflushed.items():
+                if rows is not None:
+                    bm25.upsert([row_id], [rows.namespaces[j]], _keyword_texts([rows.roles[j]], [rows.texts[j]]))
             self._bm25 = bm25
         return self._bm25
 
@@ -1090,23 +1232,30 @@ class ColdStore:
         if ids.size == 0:
             return []
         uniq = np.unique(ids)
-        flushed = self._flush_for_read()
+        if self._lagging_reads:
+            # This handle may not see another process's flush yet, while the log no longer holds those rows: read
+            # them from the table after a flush of our own, which moves the handle to the latest version.
+            self._flush_for_read()
         with self._lock:
             self._check_open()
-            data = self._guard(f"get {uniq.size} rows", lambda: self._table.search().where(f"id IN {sql_id_list(uniq)}")
-                               .limit(None).to_arrow())
-            rows = rows_from_arrow(data, self._dim)
-            if not flushed:  # the log could not be flushed (e.g. disk full): its rows are newer than the table's
-                self._follow_log_locked()
-                wanted = set(uniq.tolist())
-                for logged in self._guard("read the write-ahead log", self._current_generation_rows_locked):
-                    for i, row_id in enumerate(logged.ids.tolist()):
-                        if row_id in wanted:
-                            meta = logged.metadata_json[i]
-                            rows[row_id] = {"id": row_id, "namespace": logged.namespaces[i],
-                                            "session": logged.sessions[i], "role": logged.roles[i],
-                                            "text": logged.texts[i], "created_at_us": int(logged.created_at_us[i]),
-                                            "metadata": json.loads(meta) if meta else {}, "vector": logged.vectors[i]}
+            self._sync_locked()  # the log followed to its end: what it holds past the table is known
+            rows: dict[int, dict] = {}
+            in_table = []
+            for row_id in uniq.tolist():
+                logged = self._unflushed.get(row_id)
+                if logged is None:
+                    in_table.append(row_id)
+                elif logged[2] is not None:  # logged rows are newer than the table's; a logged delete leaves None
+                    r, j = logged[2], logged[3]
+                    meta = r.metadata_json[j]
+                    rows[row_id] = {"id": row_id, "namespace": r.namespaces[j], "session": r.sessions[j],
+                                    "role": r.roles[j], "text": r.texts[j], "created_at_us": int(r.created_at_us[j]),
+                                    "metadata": json.loads(meta) if meta else {}, "vector": r.vectors[j]}
+            if in_table:
+                wanted = np.asarray(in_table, np.int64)
+                data = self._guard(f"get {wanted.size} rows", lambda: self._table.search()
+                                   .where(f"id IN {sql_id_list(wanted)}").limit(None).to_arrow())
+                rows.update(rows_from_arrow(data, self._dim))
         out = []
         for row_id in ids.tolist():
             row = rows.get(row_id)
@@ -1211,6 +1360,7 @@ class ColdStore:
                 if self._maintenance_table is None:
                     self._maintenance_table = self._db.open_table(TABLE_NAME)
                 table = self._maintenance_table
+                start = table.version
                 for attempt in range(_COMMIT_RETRIES):
                     try:
                         table.optimize(cleanup_older_than=self._cleanup_grace)
@@ -1222,6 +1372,7 @@ class ColdStore:
                 self._build_indices(table)
                 self._last_compaction_at = time.time()
                 self._compactions += 1
+                self._note_benign(table, start)  # before the lock goes: readers defer until then (_sync_locked)
             with self._lock:
                 if not self._closed:
                     self._sync_locked()  # absorb the compaction versions here, not on a reader's time
@@ -1230,6 +1381,26 @@ class ColdStore:
             self._maintenance_errors += 1
             self._last_maintenance_error = f"{type(exc).__name__}: {exc}"
         return True
+
+    def _note_benign(self, table, start: int) -> None:
+        """Log which versions since `start` keep every row (this maintenance's compaction and index builds), so other
+        processes need not list the table's versions to find out. Only a hint: on failure they do."""
+        if self._wal is None:
+            return
+        try:
+            summaries = {v["version"]: v.get("metadata") or {} for v in table.list_versions()}
+            benign = []
+            for v in range(start + 1, max(summaries, default=start) + 1):
+                before, after = summaries.get(v - 1), summaries.get(v)
+                if before and after and _same_rows(before, after):
+                    benign.append(v)
+            if benign:
+                with self._wal.locked():
+                    self._wal.append(encode_note("benign", benign))
+                with self._lock:
+                    self._known.update(v for v in benign if v > self._mirror_version)
+        except Exception as exc:
+            self._last_maintenance_error = f"benign-version note: {type(exc).__name__}: {exc}"
 
     def _build_indices(self, table) -> None:
         rows = table.count_rows()
@@ -1321,6 +1492,17 @@ class ColdStore:
             "wal_errors": self._wal_errors,
             "wal_last_error": self._wal_last_error,
         }
+
+
+def _same_rows(before: dict, after: dict) -> bool:
+    """From two consecutive versions' summaries: the later kept the rows as they were (same live rows, no more data
+    rows, no more deleted rows). Inserts, deletes and updates all fail this."""
+    try:
+        return (int(after["total_rows"]) == int(before["total_rows"])
+                and int(after["total_data_file_rows"]) <= int(before["total_data_file_rows"])
+                and int(after["total_deletion_file_rows"]) <= int(before["total_deletion_file_rows"]))
+    except (KeyError, ValueError):
+        return False
 
 
 def _search_path_name(mode: str, mirror_rows: int | None, has_faiss: bool, vector_index: str | None) -> str:

@@ -150,9 +150,10 @@ def test_logged_rows_survive_sigkill_mid_add_and_deleted_rows_stay_deleted(tmp_p
 
 def test_sigkill_after_the_flush_committed_but_before_the_log_rotated(tmp_path):
     path = tmp_path / "cold"
-    # Deletes flush first (after adds 14, 29, 44, 59); the kill comes at the next flush, close()'s, of adds 60-64.
+    # Deletes are logged like adds (after adds 14, 29, 44, 59), so the one flush is close()'s, of every add and
+    # delete: the kill comes after both its commits (delete, upsert), before the rotation.
     proc = child(tmp_path, path=path, first=0, count=65, flush_rows=10_000, flush_s=3600, delete_every=15,
-                 kill_in_rotate_after=4)
+                 kill_in_rotate_after=0)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err
     adds = [int(x.split()[1]) for x in out.splitlines() if x.startswith("a ")]
@@ -219,7 +220,8 @@ def test_other_processes_see_logged_rows_before_any_flush(tmp_path):
             got, scores = reader.search(vec(i)[0], k=1)
             assert got.tolist() == [i] and abs(scores[0] - 1) < 1e-5
         assert reader.text_search("m", k=100)[0].shape[0] == 40  # BM25 sees them too
-        # A delete here flushes the other process's logged rows first, then deletes: 7 never comes back.
+        # A delete is logged after the other process's logged rows (the flush commits the last operation of each
+        # id): 7 never comes back.
         assert reader.delete([7]) == 1
         proc.stdin.write("\n")
         proc.stdin.flush()
@@ -228,6 +230,38 @@ def test_other_processes_see_logged_rows_before_any_flush(tmp_path):
         check_store(reader, set(adds) - {7}, {7})
     with ColdStore(path, dim=DIM) as store:
         check_store(store, set(adds) - {7}, {7})
+
+
+def _add(store: ColdStore, ids, text: str = "m") -> None:
+    ids = np.asarray(ids, np.int64)
+    store.add(ids=ids, vectors=np.concatenate([vec(int(i)) for i in ids]), namespaces=["w"] * len(ids),
+              texts=[f"{text} {i}" for i in ids], sessions=[None] * len(ids), roles=[None] * len(ids),
+              created_at_us=ids.copy(), metadata=[{"i": int(i)} for i in ids])
+
+
+def test_deletes_are_logged_and_get_answers_from_the_log_without_a_flush(tmp_path):
+    path = tmp_path / "cold"
+    with ColdStore(path, dim=DIM, wal_flush_s=3600, background=False) as a, \
+            ColdStore(path, dim=DIM, wal_flush_s=3600, background=False) as b:
+        _add(a, range(10))
+        assert b.get([3])[0]["metadata"] == {"i": 3} and b.get([3])[0]["text"] == "m 3"
+        assert a.delete([3, 4, 99]) == 2  # counted from the mirror: 99 never existed
+        assert a.delete([3]) == 0
+        assert b.count() == 8 and b.get([3, 4, 5])[:2] == [None, None]
+        assert 3 not in b.search(vec(3)[0], k=3)[0].tolist()
+        assert 3 not in b.text_search("m", k=100)[0].tolist()
+        _add(a, [3], text="again")  # re-added after its delete: the newest operation wins everywhere
+        assert b.get([3])[0]["text"] == "again 3" and b.count() == 9
+        # Nothing was flushed for any of it: the table is still empty, every answer came from the log.
+        assert a._wal_flushes == 0 and b._wal_flushes == 0 and b._table.count_rows() == 0
+        assert b.flush() == 11  # 9 upserts (3 once, its newest row) + 2 deletes, in one flush
+        assert a.get([3])[0]["text"] == "again 3" and a.count() == 9
+        check_store(b, set(range(10)) - {4}, {4, 99})
+        # A large add bypasses the log (a LanceDB commit of its own) and announces itself there: seen at once.
+        _add(a, range(1000, 2100))
+        assert b.count() == 9 + 1100 and b.get([2099])[0]["text"] == "m 2099"
+    with ColdStore(path, dim=DIM) as store:
+        check_store(store, (set(range(10)) - {4}) | set(range(1000, 2100)), {4, 99})
 
 
 def test_two_logging_writers_and_a_reader_lose_nothing(tmp_path):
