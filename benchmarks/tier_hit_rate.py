@@ -46,12 +46,13 @@ namespace granularity without the sidecar (rule1_ceilings): a policy that knows 
 the best policy that ranks by read counts (Bayes posterior mean under the true popularity law), and the
 prior model of namespace+prior; reported in the workload's JSON entry.
 
-    # the target (10 % capacity), three seeds; ~20 min on 2 loaded cores
+    # the target (10 % capacity); ~7 min on 2 cores, then two more seeds (~1.5 min each)
     .venv/bin/python benchmarks/tier_hit_rate.py --workloads synthetic --size-skew independent \
-        --policies lru lfu namespace namespace+new namespace+prior --rule-sets complete+bound complete+bound+tau \
-        --sweep-policies namespace+prior lfu --shares 0.05 0.10 0.20 --ceilings --out results/t7_independent
+        --policies lru lfu namespace namespace+prior namespace+zipf --rule-sets complete+bound complete+bound+tau \
+        --sweep-policies namespace+zipf namespace+prior lfu --shares 0.05 0.10 0.20 --ceilings --out results/t7_final
     .venv/bin/python benchmarks/tier_hit_rate.py --workloads synthetic --size-skew independent --seed 1 \
-        --policies namespace+new namespace+prior --rule-sets complete+bound --shares 0.10 --ceilings --out results/t7_seed1
+        --policies namespace+prior namespace+zipf --rule-sets complete+bound --shares 0.10 --ceilings \
+        --out results/t7_zipf_seed1
 
 Per run: the share of searches answered without the cold tier (rule complete / bound / threshold),
 recall@10 against exact search over all memories of the namespace, latency p50/p99 per path, and
