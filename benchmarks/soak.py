@@ -58,6 +58,7 @@ def embed(texts):
 
 DEVICE = os.environ.get("TR_SOAK_DEVICE", "cpu")  # --device sets it; spawned workers inherit the environment
 LANCE_CACHE_MIB = os.environ.get("TR_SOAK_LANCE_CACHE_MIB")  # --lance-cache-mib (diagnostic), inherited likewise
+BOUNDED_ALLOCATORS = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}  # --bounded-allocators
 
 
 def _cap_lance_caches() -> None:
@@ -431,7 +432,15 @@ def main() -> None:
                     help="the sidecar's backend (cuda on a GPU machine measures GPU memory before and after)")
     ap.add_argument("--lance-cache-mib", type=float, default=None,
                     help="diagnostic: cap LanceDB's metadata and index caches per process at this many MiB")
+    ap.add_argument("--bounded-allocators", action="store_true",
+                    help="run the workers and the sidecar with the README's settings for long-lived processes: "
+                         "MALLOC_ARENA_MAX=2 and ARROW_DEFAULT_MEMORY_POOL=system (unless already set), so glibc's "
+                         "per-thread arenas and Arrow's mimalloc pool do not keep freed memory")
     args = ap.parse_args()
+    if args.bounded_allocators:
+        for name, value in BOUNDED_ALLOCATORS.items():
+            os.environ.setdefault(name, value)  # spawned workers read them when they start
+
     global DEVICE, LANCE_CACHE_MIB
     DEVICE = os.environ["TR_SOAK_DEVICE"] = args.device
     if args.lance_cache_mib is not None:
@@ -439,6 +448,7 @@ def main() -> None:
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     r = run(args.processes, args.ops, args.warmup, args.profile)
+    r["allocator_env"] = {name: os.environ.get(name) for name in BOUNDED_ALLOCATORS}
     print(f"[soak] {r['ops']} ops in {r['seconds']} s = {r['ops_per_s']} ops/s; mean ms per op {r['op_mean_ms']}; "
           f"op seconds {r['op_seconds_total']}", file=sys.stderr)
     print(json.dumps(r))

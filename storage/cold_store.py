@@ -41,7 +41,7 @@ _RRF_DEPTH = 100  # rows taken from each ranking before reciprocal-rank fusion
 # LoCoMo figures in benchmarks/locomo_recall.py: short chat turns favour keywords).
 HYBRID_BM25_WEIGHT = 1.0
 WAL_FOLDER = "_wal"
-_LANCE_METADATA_CACHE_BYTES = 64 << 20
+_LANCE_METADATA_CACHE_BYTES = 4 << 20
 # Adds of more rows than this bypass the log (after flushing it): one LanceDB commit is cheap per row for a batch.
 _WAL_MAX_ROWS = 1024
 
@@ -212,7 +212,8 @@ class ColdStore:
         self._lagging_reads = read_consistency_interval_s > 0
         # LanceDB caches metadata for every table version a process sees, up to 1 GiB by default: with
         # other processes committing all day, a long-lived reader grew ~13 MB per 1,000 operations
-        # (benchmarks/soak.py); our mirror answers reads, so a small cache loses nothing
+        # (benchmarks/soak.py). Our mirror answers reads, so a small cache loses nothing: at 4 MiB it is
+        # full after ~1,000 soak operations and RSS levels off; at 64 MiB it held ~80 MB before it did.
         session = _lancedb().Session(metadata_cache_size_bytes=_LANCE_METADATA_CACHE_BYTES)
         self._db = self._guard("connect to LanceDB", lambda: _lancedb().connect(
             self._path, read_consistency_interval=interval, session=session))
