@@ -32,6 +32,10 @@ ORPHAN_GRACE_S = 10.0
 RECONNECT_BACKOFF_S = 1.0
 METADATA_CACHE_ROWS = 200_000
 RESYNC_EVERY_S = 2.0  # at most this often, rebuild hot-set tracking and bounds after another process wrote
+# ... and at most this share of a process's time: a resync reads every cold row and rebuilds every bound, so
+# with other writers at work it grows with the store (8 soak processes at ~25k rows: >1 s each, every 2 s,
+# and most of their CPU); until the next one, rule 2 is off for this process and searches read the cold tier.
+RESYNC_MAX_SHARE = 0.1
 RULES = ("complete", "bound", "threshold")
 _ROW_OVERHEAD_BYTES = 24  # id, namespace hash, created_at per hot row
 _MAX_ID = (1 << 63) - 1
@@ -414,7 +418,15 @@ class TieredMemory:
 
     def _resync(self, hot: HotTier) -> None:
         """Re-reads which rows the hot tier holds (CONTAINS over every cold id) and rebuilds every bound."""
-        self._next_resync = time.monotonic() + RESYNC_EVERY_S
+        started = time.monotonic()
+        self._next_resync = started + RESYNC_EVERY_S
+        try:
+            self._resync_now(hot)
+        finally:
+            took = time.monotonic() - started
+            self._next_resync = started + max(RESYNC_EVERY_S, took / RESYNC_MAX_SHARE)
+
+    def _resync_now(self, hot: HotTier) -> None:
         self._moves["resyncs"] += 1
         self._bounds.clear()
         if self._hotset is None or self._hotset.capacity != hot.capacity:
