@@ -33,8 +33,8 @@ RECONNECT_BACKOFF_S = 1.0
 METADATA_CACHE_ROWS = 200_000
 RESYNC_EVERY_S = 2.0  # at most this often, rebuild hot-set tracking and bounds after another process wrote
 # ... and at most this share of a process's time: a resync reads every cold row and rebuilds every bound, so
-# with other writers at work it grows with the store (8 soak processes at ~25k rows: >1 s each, every 2 s,
-# and most of their CPU); until the next one, rule 2 is off for this process and searches read the cold tier.
+# with other writers at work it costs O(store) every 2 s per process (an 8-process soak: py-spy found 6 of 8
+# workers inside it); until the next one, rule 2 is off for this process and searches read the cold tier.
 RESYNC_MAX_SHARE = 0.1
 RULES = ("complete", "bound", "threshold")
 _ROW_OVERHEAD_BYTES = 24  # id, namespace hash, created_at per hot row
