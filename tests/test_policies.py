@@ -10,8 +10,8 @@ import pytest
 
 from tiered_recall import InvalidInput
 from tiered_recall.namespaces import namespace_hash
-from tiered_recall.policies import (LFU, LRU, HotSet, NamespacePolicy, RecencyWindow, fit_zipf_exponent,
-                                    resolve_policy, zipf_read_rates)
+from tiered_recall.policies import (LFU, LRU, HotSet, NamespacePolicy, RecencyWindow, _posterior_rates, _zipf_law,
+                                    fit_zipf_exponent, resolve_policy, zipf_read_rates)
 from tiered_recall.scoring import Boost, Scoring
 
 DIM = 16
@@ -468,3 +468,14 @@ def test_namespace_policy_zipf_keeps_small_namespaces_first_then_follows_reads()
     assert "mid" in p.chosen(13, 6) and "s0" in p.chosen(13, 6)
     assert p.density("mid", 13) > p.density("s1", 13)
     assert p.describe() == "namespace(half_life=inf, popularity=zipf)"
+
+
+def test_zipf_read_rates_of_aged_counts_match_the_exact_posterior():
+    # aged counts are nearly all distinct: they are interpolated on a grid, not evaluated one by one
+    rng = np.random.default_rng(23)
+    counts = rng.pareto(1.1, 500) * rng.random(500)
+    assert len(np.unique(np.round(counts, 3))) > 256
+    got = zipf_read_rates(counts)
+    law = _zipf_law(500, fit_zipf_exponent(500, counts.sum(), int((counts > 1e-9).sum())))
+    exact = _posterior_rates(counts, law, np.log(law), counts.sum())
+    np.testing.assert_allclose(got, exact, rtol=1e-2)

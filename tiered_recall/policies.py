@@ -402,12 +402,24 @@ def zipf_read_rates(counts: np.ndarray, *, cache: dict | None = None) -> np.ndar
         s = cache[key] = fit_zipf_exponent(n, t, distinct)
     law = _zipf_law(n, s)
     log_law = np.log(law)
-    rounded = np.round(counts, 3)
-    values, inverse = np.unique(rounded, return_inverse=True)
+    values, inverse = np.unique(np.round(counts, 3), return_inverse=True)
+    if len(values) <= _ZIPF_EXACT_COUNTS:
+        return _posterior_rates(values, law, log_law, t)[inverse]
+    # Aged counts are nearly all distinct: one row per count would make this O(namespaces^2) on every plan
+    # (2,000 namespaces: ~120 ms). The posterior is smooth in the count, so evaluate it on a grid even in
+    # log(1 + count) and interpolate.
+    grid = np.expm1(np.linspace(0.0, np.log1p(values[-1]), _ZIPF_GRID))
+    return np.interp(counts, grid, _posterior_rates(grid, law, log_law, t))
+
+
+_ZIPF_EXACT_COUNTS = 256  # up to this many distinct counts (integer counts, half_life=inf) are evaluated exactly
+_ZIPF_GRID = 64  # more (aged counts) are interpolated between this many grid points (max relative error ~0.1 %)
+
+
+def _posterior_rates(values: np.ndarray, law: np.ndarray, log_law: np.ndarray, t: float) -> np.ndarray:
     exponent = values[:, None] * log_law[None, :] - law[None, :] * t
     weight = np.exp(exponent - exponent.max(axis=1, keepdims=True))
-    rates = (weight * law[None, :]).sum(axis=1) / weight.sum(axis=1)
-    return rates[inverse]
+    return (weight * law[None, :]).sum(axis=1) / weight.sum(axis=1)
 
 
 POLICIES = {"lru": LRU, "lfu": LFU, "recency": RecencyWindow, "namespace": NamespacePolicy}
