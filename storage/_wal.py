@@ -209,6 +209,34 @@ def read_all(fd: int, start: int) -> bytes:
     return b"".join(chunks)
 
 
+class _FileLock:
+    """An exclusive flock on one file, across processes and threads, re-entrant within a thread: the first
+    entry takes the flock, the last exit drops it."""
+
+    def __init__(self, path: str) -> None:
+        self.mutex = threading.RLock()
+        self._depth = 0
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self.mutex:
+            self._depth += 1
+            try:
+                if self._depth == 1:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    if self._depth == 1:
+                        fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                self._depth -= 1
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class WriteAheadLog:
     """The log folder of one store, as seen by one process: the writer side (under `locked()`) and file helpers."""
 
@@ -217,12 +245,8 @@ class WriteAheadLog:
         self.retention_s = retention_s
         self.keep_generations = keep_generations
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        self._mutex = threading.RLock()
-        self._depth = 0
-        self._lock_fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
-        self._flush_mutex = threading.RLock()
-        self._flush_depth = 0
-        self._flush_fd = os.open(os.path.join(folder, FLUSH_LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        self._append_lock = _FileLock(os.path.join(folder, LOCK_NAME))
+        self._flush_lock = _FileLock(os.path.join(folder, FLUSH_LOCK_NAME))
         self._flush_probe_fd = os.open(os.path.join(folder, FLUSH_LOCK_NAME), os.O_RDWR)  # for flush_in_progress()
         self._wfd: int | None = None
         self._wgen = 0
@@ -264,37 +288,13 @@ class WriteAheadLog:
             os.close(dfd)
 
     # ---- the lock -------------------------------------------------------------------------------
-    @contextmanager
-    def flushing(self) -> Iterator[None]:
+    def flushing(self):
         """The flush lock: exclusive across processes and threads (re-entrant); take it before locked()."""
-        with self._flush_mutex:
-            self._flush_depth += 1
-            try:
-                if self._flush_depth == 1:
-                    fcntl.flock(self._flush_fd, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    if self._flush_depth == 1:
-                        fcntl.flock(self._flush_fd, fcntl.LOCK_UN)
-            finally:
-                self._flush_depth -= 1
+        return self._flush_lock.held()
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self):
         """The append lock: exclusive across processes and threads (re-entrant within one thread)."""
-        with self._mutex:
-            self._depth += 1
-            try:
-                if self._depth == 1:
-                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    if self._depth == 1:
-                        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            finally:
-                self._depth -= 1
+        return self._append_lock.held()
 
     def _refresh_locked(self) -> None:
         """Point the writer at the current generation and cut a torn tail left by a writer that died."""
@@ -387,12 +387,12 @@ class WriteAheadLog:
         if self._closed:
             return
         self._closed = True
-        with self._mutex:
+        with self._append_lock.mutex:
             if self._wfd is not None:
                 os.close(self._wfd)
                 self._wfd = None
-            os.close(self._lock_fd)
-            os.close(self._flush_fd)
+            self._append_lock.close()
+            self._flush_lock.close()
             os.close(self._flush_probe_fd)
 
 
