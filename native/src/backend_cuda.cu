@@ -503,6 +503,75 @@ __device__ unsigned warp_select(float *s, long long *id, unsigned n, unsigned k)
 __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
                             unsigned &mcnt, float &mthr, float *wmax);
 
+/* warp_select for a scan block's candidate list (n <= TR_BQ_CB, k <= TR_BQ_MAX_K), by one warp, without
+ * k sequential rounds: the k-th largest of the lanes' maxima is a lower bound on the k-th best score (it
+ * stands for k distinct entries), so only entries at or above it can be in the top k: they are compacted
+ * to the front (usually about k of them) and each is ranked against the others and written to its place
+ * (ranks are distinct: a block's ids are unique). Many ties at the bound (more than 64 survivors) take
+ * warp_select's path. Same contract as warp_select: the best min(n, k) entries, best first, in [0, m). */
+#define TR_SELECT_LANE (TR_BQ_CB / 32)
+#define TR_SELECT_RANK 64 /* survivors ranked directly: two per lane */
+static_assert(TR_BQ_MAX_K <= TR_SELECT_RANK, "every kept entry must fit the rank step");
+__device__ unsigned warp_select_block(float *s, long long *id, unsigned n, unsigned k) {
+    const unsigned lane = threadIdx.x & 31u;
+    float v[TR_SELECT_LANE];
+    long long d[TR_SELECT_LANE];
+    float lane_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < TR_SELECT_LANE; i++) {
+        const unsigned j = lane + 32u * i;
+        v[i] = j < n ? s[j] : -INFINITY;
+        d[i] = j < n ? id[j] : LLONG_MAX;
+        if (j < n) lane_max = fmaxf(lane_max, v[i]);
+    }
+    float bound = -INFINITY;
+    if (n > k && k <= 32) bound = __shfl_sync(0xffffffffu, warp_sort_desc(lane_max), k - 1);
+    unsigned mine = 0;
+#pragma unroll
+    for (int i = 0; i < TR_SELECT_LANE; i++) mine += (lane + 32u * i < n && v[i] >= bound) ? 1u : 0u;
+    unsigned upto = mine; /* inclusive prefix sum over the lanes */
+#pragma unroll
+    for (unsigned o = 1; o < 32; o <<= 1) {
+        const unsigned t = __shfl_up_sync(0xffffffffu, upto, o);
+        if (lane >= o) upto += t;
+    }
+    const unsigned m = __shfl_sync(0xffffffffu, upto, 31);
+    if (m > TR_SELECT_RANK) return warp_select(s, id, n, k); /* nothing written yet */
+    __syncwarp(); /* every lane has read its entries before any is overwritten */
+    unsigned pos = upto - mine;
+#pragma unroll
+    for (int i = 0; i < TR_SELECT_LANE; i++) {
+        if (lane + 32u * i < n && v[i] >= bound) {
+            s[pos] = v[i];
+            id[pos] = d[i];
+            pos++;
+        }
+    }
+    __syncwarp();
+    const bool h0 = lane < m, h1 = lane + 32u < m;
+    const float s0 = h0 ? s[lane] : -INFINITY, s1 = h1 ? s[lane + 32] : -INFINITY;
+    const long long i0 = h0 ? id[lane] : LLONG_MAX, i1 = h1 ? id[lane + 32] : LLONG_MAX;
+    unsigned r0 = 0, r1 = 0;
+    for (unsigned j = 0; j < m; j++) {
+        const float sj = s[j];
+        const long long ij = id[j];
+        r0 += better(sj, ij, s0, i0) ? 1u : 0u;
+        r1 += better(sj, ij, s1, i1) ? 1u : 0u;
+    }
+    __syncwarp(); /* every rank is computed before the entries move */
+    if (h0 && r0 < k) {
+        s[r0] = s0;
+        id[r0] = i0;
+    }
+    if (h1 && r1 < k) {
+        s[r1] = s1;
+        id[r1] = i1;
+    }
+    __syncwarp();
+    return m < k ? m : k;
+}
+
+
 /* One block's share of a batched scan (block blk of G): stages the queries (qsrc: kernel parameters,
  * or device memory read through L2 when q_l2, as the persistent kernel's queries are rewritten
  * between requests), scores its run of rows and leaves its sorted top-k per query in the partial
@@ -608,7 +677,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
             const unsigned n = cnt[qi];
             if (n > TR_BQ_CB - TR_BQ_ROUND) {
                 const unsigned k = p.bq[qi].k;
-                const unsigned m = warp_select(cs + qi * TR_BQ_CB, cid + qi * TR_BQ_CB, n, k);
+                const unsigned m = warp_select_block(cs + qi * TR_BQ_CB, cid + qi * TR_BQ_CB, n, k);
                 if (lane == 0) {
                     cnt[qi] = m;
                     thr[qi] = m == k ? cs[qi * TR_BQ_CB + k - 1] : -INFINITY;
@@ -618,7 +687,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
         __syncthreads();
     }
     for (unsigned qi = warp; qi < p.nq; qi += TR_CUDA_WARPS) {
-        const unsigned m = warp_select(cs + qi * TR_BQ_CB, cid + qi * TR_BQ_CB, cnt[qi], p.bq[qi].k);
+        const unsigned m = warp_select_block(cs + qi * TR_BQ_CB, cid + qi * TR_BQ_CB, cnt[qi], p.bq[qi].k);
         const size_t o = ((size_t)qi * G + blk) * TR_BQ_MAX_K;
         for (unsigned j = lane; j < m; j += 32) {
             p.part_s[o + j] = cs[qi * TR_BQ_CB + j];
