@@ -137,7 +137,8 @@ def test_writes_moves_and_deletes(pair):
     assert got.hits == 0 and np.all(got.ids == -1)
 
 
-def test_ties_broken_by_smaller_id(pair):
+@pytest.mark.parametrize("k", [10, 50])  # k <= 32: the scan blocks' lane-max bound is tied too (many survivors)
+def test_ties_broken_by_smaller_id(pair, k):
     rng = np.random.default_rng(9)
     dim = 64
     cuda, cpu = pair(dim=dim, capacity=1000)
@@ -148,10 +149,10 @@ def test_ties_broken_by_smaller_id(pair):
     ids = rng.permutation(np.arange(10_000, 10_600, dtype=np.int64))
     for t in (cuda, cpu):
         t.upsert(ids, x, 1)
-    got = cuda.search(v, k=50, touch=False)
-    want = np.sort(ids[:300])[:50]
+    got = cuda.search(v, k=k, touch=False)
+    want = np.sort(ids[:300])[:k]
     np.testing.assert_array_equal(got.ids[0], want)
-    np.testing.assert_array_equal(got.ids[0], cpu.search(v, k=50, touch=False).ids[0])
+    np.testing.assert_array_equal(got.ids[0], cpu.search(v, k=k, touch=False).ids[0])
 
 
 def test_empty_tier_and_absent_namespace(pair):
