@@ -1,6 +1,7 @@
 """TieredMemory: the coordinator that asks the hot sidecar first, the LanceDB cold tier when it must, and merges."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -277,7 +278,7 @@ class TieredMemory:
         self._next_resync = 0.0
         self._tick = 0
         self._moves = {"inserted": 0, "promoted": 0, "evicted": 0, "sidecar_evicted": 0, "resyncs": 0,
-                       "bound_rebuilds": 0}
+                       "bound_rebuilds": 0, "rewarms": 0}
         self._ensure_hot()
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -433,28 +434,36 @@ class TieredMemory:
             self._hotset = HotSet(self.dim, hot.capacity)
         else:
             self._hotset.clear()
-        before = self._signature(hot)
-        rows = self.cold.recent(max(1, self.cold.count()))
-        ids = rows["ids"]
-        present = hot.contains(ids) if len(ids) else np.zeros(0, dtype=bool)
-        after = self._signature(hot)
-        if int(present.sum()) != after[4]:
-            # the hot tier holds rows the cold tier does not (or lost some): start it afresh
+        before, rows, present, after = self._hot_membership(hot)
+        if before == after and int(present.sum()) != after[4]:
+            # The hot tier holds rows the cold tier does not (e.g. a promotion that raced with a delete; see
+            # _try_write_lock): start it afresh. Only a mismatch read while the hot tier's counters stood still
+            # says so; one read while another process writes (its add lands between our cold read and CONTAINS)
+            # or warms (its own clear-and-refill) does not. Taking those for foreign rows cleared and refilled the
+            # whole tier, which other processes then read half-filled and cleared again: in the 8-process soak
+            # (benchmarks/soak.py, ~12k rows) the sidecar had upserted 3.3M rows for ~30k written after 250k
+            # operations, searches fell to the cold tier and the rate from ~650 to ~250 ops/s. Confirmed under
+            # the write lock (no add, delete or promotion meanwhile) before the clear.
             with self._write_lock():
-                hot.clear()
-                self._warm(hot)
-            before = self._signature(hot)
-            present = hot.contains(ids) if len(ids) else np.zeros(0, dtype=bool)
-            after = self._signature(hot)
+                before, rows, present, after = self._hot_membership(hot)
+                if before == after and int(present.sum()) != after[4]:
+                    self._moves["rewarms"] += 1
+                    hot.clear()
+                    self._warm(hot)
+                    before, rows, present, after = self._hot_membership(hot)
+        ids = rows["ids"]
         namespaces = rows["namespace"]
         created = rows["created_at_us"]
         self.policy.set_sizes(dict(Counter(namespaces)), replace=True)
+        hot_at = np.flatnonzero(present)
+        if hot_at.size > self._hotset.capacity:
+            self._invalidate()  # more rows than the tier holds: the read was torn; try again later
+            hot_at = hot_at[: self._hotset.capacity]
+        self._hotset.fill(ids[hot_at], [namespaces[j] for j in hot_at.tolist()], rows["vectors"][hot_at],
+                          created[hot_at], self._tick)
         cold_only: dict[str, list[int]] = {}
-        for j in range(len(ids)):
-            if present[j]:
-                self._hotset.put(int(ids[j]), namespaces[j], rows["vectors"][j], int(created[j]), self._tick)
-            else:
-                cold_only.setdefault(namespaces[j], []).append(j)
+        for j in np.flatnonzero(~present).tolist():
+            cold_only.setdefault(namespaces[j], []).append(j)
         for ns, idx in cold_only.items():
             sel = np.asarray(idx, dtype=np.int64)
             self._bounds.get(ns).rebuild(ids[sel], rows["vectors"][sel], created[sel])
@@ -465,6 +474,15 @@ class TieredMemory:
         else:
             self._invalidate()  # someone wrote meanwhile: try again later
         self._load_pins(hot)
+
+    def _hot_membership(self, hot: HotTier) -> tuple[tuple, dict, np.ndarray, tuple]:
+        """(signature before, every cold row, which of them the hot tier holds, signature after): the read is
+        a consistent view of the hot tier only when the two signatures are equal."""
+        before = self._signature(hot)
+        rows = self.cold.recent(max(1, self.cold.count()))
+        ids = rows["ids"]
+        present = hot.contains(ids) if len(ids) else np.zeros(0, dtype=bool)
+        return before, rows, present, self._signature(hot)
 
     def _rebuild_bound(self, namespace: str) -> None:
         """Tightens one namespace's cones over exactly its cold-only rows (read from the cold tier)."""
@@ -769,8 +787,6 @@ class TieredMemory:
         """Serialises commit-then-publish of namespace totals across processes, so the published
         total always belongs to the latest commit. Re-entrant within a thread (add -> reconnect ->
         warm); other threads of this process wait like other processes (flock per open file)."""
-        import contextlib
-
         @contextlib.contextmanager
         def held():
             depth = getattr(self._write_held, "depth", 0)
@@ -786,6 +802,32 @@ class TieredMemory:
                 self._write_held.depth = 1
                 try:
                     yield
+                finally:
+                    self._write_held.depth = 0
+
+        return held()
+
+    def _try_write_lock(self):
+        """The write lock if it is free now (yields True), else yields False at once. For promotions: a row read
+        from the cold tier and upserted into the hot tier without it can land after another process's delete of
+        that row took it out of the hot tier and before that delete reached the cold tier, leaving the hot tier
+        a row the cold tier no longer has (a resync must then clear and refill the whole tier). Promotions are
+        an optimisation, so a search never waits for a writer: it skips the promotion instead."""
+        @contextlib.contextmanager
+        def held():
+            if getattr(self._write_held, "depth", 0):
+                with self._write_lock():
+                    yield True
+                return
+            with open(self.path / ".write.lock", "a+") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    yield False
+                    return
+                self._write_held.depth = 1
+                try:
+                    yield True
                 finally:
                     self._write_held.depth = 0
 
@@ -1051,13 +1093,21 @@ class TieredMemory:
         """Cold hits move into the hot tier (the policy makes room)."""
         if not ids:
             return
-        rows = self.cold.vectors_of(ids)
-        if len(rows["ids"]):
-            self._hot_call(lambda hot: self._place(hot, rows["ids"], rows["vectors"], rows["namespace"],
-                                                    rows["created_at_us"], promoted=True))
+        with self._try_write_lock() as got:
+            if not got:
+                return  # a writer is at work: promote on a later cold hit rather than wait (see _try_write_lock)
+            rows = self.cold.vectors_of(ids)
+            if len(rows["ids"]):
+                self._hot_call(lambda hot: self._place(hot, rows["ids"], rows["vectors"], rows["namespace"],
+                                                        rows["created_at_us"], promoted=True))
 
     def _promote_namespace(self, namespace: str) -> None:
         """Loads every row of a namespace the policy keeps whole into the hot tier (when it fits)."""
+        with self._try_write_lock() as got:
+            if got:
+                self._promote_namespace_locked(namespace)
+
+    def _promote_namespace_locked(self, namespace: str) -> None:
         hs = self._hotset
         total = self.cold.count(namespace)
         if hs is None or total == 0 or total > hs.capacity or hs.per_namespace.get(namespace, 0) >= total:

@@ -34,6 +34,7 @@ Policy state is per process (see TieredMemory): with several writers the sidecar
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Iterable
 
 import numpy as np
@@ -480,6 +481,32 @@ class HotSet:
         self.vectors[s] = vector
         self.created_us[s] = created_us
         self.use_slot(s, now, 1.0, half_life)
+
+    def fill(self, ids: np.ndarray, namespaces: list[str], vectors: np.ndarray, created_us: np.ndarray,
+             now: int) -> None:
+        """Tracks rows placed in the hot tier, into an empty table: the same state as put() of each row in
+        order (distinct ids, one use each), in array operations (a resync fills ~10k rows: put() one by one
+        was ~90 % of its time)."""
+        m = int(len(ids))
+        if self.slot or m > self.capacity:
+            raise ValueError("HotSet.fill needs an empty table and at most capacity rows")
+        if m == 0:
+            return
+        ids = np.asarray(ids, dtype=np.int64)
+        self.slot = dict(zip(ids.tolist(), range(m)))
+        if len(self.slot) != m:
+            self.slot = {}
+            raise ValueError("HotSet.fill needs distinct ids")
+        self.free = list(range(self.capacity - 1, m - 1, -1))  # every slot was free; rows take 0 .. m-1
+        self.ids[:m] = ids
+        self.namespace[:m] = list(namespaces)
+        self.vectors[:m] = vectors
+        self.created_us[:m] = np.asarray(created_us, dtype=np.int64)
+        self.freq[:m] = 1.0  # put(): 0, then one use of weight 1 (decay of 0 is 0)
+        self.freq_at[:m] = now
+        self.last_use[:m] = now
+        for ns, n in Counter(namespaces).items():
+            self.per_namespace[ns] = n
 
     def _count(self, namespace: str, delta: int) -> None:
         n = self.per_namespace.get(namespace, 0) + delta
