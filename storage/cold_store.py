@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -44,6 +45,13 @@ WAL_FOLDER = "_wal"
 _LANCE_METADATA_CACHE_BYTES = 4 << 20
 # Adds of more rows than this bypass the log (after flushing it): one LanceDB commit is cheap per row for a batch.
 _WAL_MAX_ROWS = 1024
+# With the log on and the mirror loaded, a read asks LanceDB for the table's latest version at most this often.
+# Every row change of a process that logs reaches the mirror through the log (logged rows and deletes, or a
+# "changed" note of a write that bypassed it), so the version only moves the mirror's bookkeeping forward; the
+# ask itself is a round trip into LanceDB's event-loop thread and a listing of _versions (~1 ms, longer on a
+# busy machine). The 8-process soak (benchmarks/soak.py) made it three to four times per write, inside the
+# store's cross-process write lock, and once per search: ~18 % of every worker's samples (py-spy).
+_VERSION_CHECK_S = 0.1
 
 
 def _lancedb():
@@ -188,6 +196,7 @@ class ColdStore:
         # the log's rotation) or a compaction / index build (a "benign" note in the log, or list_versions(), which is
         # O(versions kept), ~30-50 ms at a few hundred: taken once per version, never again). Versions never change.
         self._known: set[int] = set()
+        self._version_settled_at = -math.inf  # when a read last found the mirror at the table's latest version
         self._maintenance_probe_fd: int | None = None  # for _writer_active()
         self._wal_flushes = 0
         self._wal_flushed_rows = 0
@@ -522,10 +531,14 @@ class ColdStore:
         complete; only its version lags. Once no writer is at work, unexplained versions are checked (list_versions)
         and, if they changed rows, the mirror is reloaded. Returns False when it deferred."""
         self._follow_log_locked()
+        logged = self._mirror is not None and self._wal is not None and not self._lagging_reads
+        if defer and logged and time.monotonic() - self._version_settled_at < _VERSION_CHECK_S:
+            return True  # settled a moment ago, and every row change since came through the log (above)
         latest = self._guard("read the table version", lambda: self._table.version)
         if latest <= self._mirror_version:
             # Equal: nothing moved. Lower: with read_consistency_interval_s > 0 this handle may lag behind the
             # snapshot the mirror was loaded from; the mirror is already the newer view.
+            self._version_settled_at = time.monotonic()
             return True
         if self._mirror is not None and self._wal is not None and not self._lagging_reads:
             if defer and self._writer_active():
@@ -536,8 +549,10 @@ class ColdStore:
         if self._mirror is not None and latest > self._mirror_version and self._benign_versions(self._mirror_version, latest):
             self._mirror_version = latest
             self._advance_locked()
+            self._version_settled_at = time.monotonic()
             return True
         self._reload_mirror_locked()
+        self._version_settled_at = time.monotonic()
         return True
 
     def _writer_active(self) -> bool:
