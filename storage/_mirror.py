@@ -16,6 +16,27 @@ class MirrorListener(Protocol):
     def on_repack(self, new_of_old: np.ndarray) -> None: ...
 
 
+# Elements (rows x dim) per matrix-vector product. Past ~500k elements OpenBLAS (numpy's BLAS) splits one product
+# over its threads; with many processes on few cores each such product then waits for its helper thread to be
+# scheduled: the 8-process soak on 2 cores (benchmarks/soak.py, dim 32) fell from ~800 to ~300 ops/s once the mirror
+# passed 16,000 positions (live rows plus tombstones), and a lone 16k x 32 product took ~3-6 ms on average instead
+# of ~0.05. Products over at most this many elements run on the calling thread alone.
+_MATVEC_ELEMENTS = 1 << 18
+
+
+def scores_of(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """vectors @ query, in row blocks small enough that BLAS computes each on the calling thread (the same
+    per-row inner products: rows are independent)."""
+    n = vectors.shape[0]
+    rows = max(1, _MATVEC_ELEMENTS // max(1, vectors.shape[1]))
+    if n <= rows:
+        return vectors @ query
+    out = np.empty(n, np.result_type(vectors.dtype, query.dtype))
+    for lo in range(0, n, rows):
+        np.matmul(vectors[lo:lo + rows], query, out=out[lo:lo + rows])
+    return out
+
+
 def top_k_with_ties(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Best k of finite `scores` (non-finite means filtered out), best first, equal scores broken by smaller id."""
     finite = np.isfinite(scores)
@@ -232,7 +253,7 @@ class VectorMirror:
     def search_positions(self, query: np.ndarray, positions: np.ndarray, k: int,
                          exclude_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k among live `positions`."""
-        scores = self._vectors[positions] @ query
+        scores = scores_of(self._vectors[positions], query)
         ids = self._ids[positions]
         if exclude_ids is not None and exclude_ids.size:
             scores[np.isin(ids, exclude_ids)] = -np.inf
@@ -246,12 +267,12 @@ class VectorMirror:
             if namespace is not None:
                 code = self._ns_code.get(namespace, -1)
                 rows = rows[self._ns_codes[rows] == code]
-            scores = self._vectors[rows] @ query
+            scores = scores_of(self._vectors[rows], query)
             ids = self._ids[rows]
         elif namespace is not None:
             return self.search_positions(query, self.namespace_positions(namespace), k, exclude_ids)
         else:
-            scores = self._vectors[:n] @ query
+            scores = scores_of(self._vectors[:n], query)
             ids = self._ids[:n]
             if self.live_rows != n:
                 scores[~self._alive[:n]] = -np.inf
