@@ -13,8 +13,10 @@ Measurement points (the same point of the life cycle on both sides):
   after  = every worker has done its measured operations, still attached (store open), the parent idle.
 Both are taken in the parent (its own process, the sidecar, /dev/shm, the GPU) while the workers wait on a
 barrier, and by each worker for itself. Each worker also samples its RSS and fd count at 10 points of its run,
-so growth per operation can be told from a one-time step. Finally, after every process has closed the store:
-is the sidecar gone, is /dev/shm as it was at the start, and GPU memory (or "no GPU").
+so growth per operation can be told from a one-time step. Once the workers have closed the store, one fresh
+process opens it as they left it and does the same warm-up: its RSS is what the store's data at the end asks of
+a worker, so a worker's "after" above it is growth the data does not explain. Finally, after every process has
+closed the store: is the sidecar gone, is /dev/shm as it was at the start, and GPU memory (or "no GPU").
 
 Where a mixed operation's time goes: count, total and mean ms per kind, and the store's cross-process write lock
 (TieredMemory._write_lock, timed from outside): total wait, total held, mean held per add and per delete, and
@@ -300,6 +302,18 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     memory.close()
 
 
+def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue) -> None:
+    """A process that opens the store as the soak left it and does the same warm-up as a worker: its RSS is what
+    a worker needs for the store's data at the end, without the history of the run."""
+    me = os.getpid()
+    memory = _open(Path(store))
+    mix = _Mix(memory, worker, chat, seed=worker)
+    for _ in range(warmup):
+        mix.step()
+    queue.put({"reference": _snap(me, tmp), "errors": mix.counts["errors"]})
+    memory.close()
+
+
 # ---- the parent ----------------------------------------------------------------------------------
 
 def _diff_kinds(a: dict, b: dict) -> dict:
@@ -372,6 +386,17 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
         queue.join_thread()
         parent_workers_gone = _snap(me, tmp)
         sidecar_workers_gone = _snap(sidecar, tmp)
+        ref_queue = ctx.Queue()
+        ref = ctx.Process(target=_reference, args=(str(store), tmp, processes, warmup, str(chat), ref_queue))
+        ref.start()
+        try:
+            fresh = ref_queue.get(timeout=600)
+        except Exception:
+            fresh = {"reference": None, "errors": None}
+        ref.join(120)
+        ref.close()
+        ref_queue.close()
+        ref_queue.join_thread()
         memory.close()
         deadline = time.monotonic() + 30
         own = segment_path(memory.sidecar_name).name  # other users' stores may come and go meanwhile
@@ -417,6 +442,11 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
                      "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
+        # a fresh process on the final store, after the same warm-up: the RSS the store's data asks for by then
+        "fresh_process_on_final_store": {"rss_kb": (fresh["reference"] or {}).get("rss_kb"),
+                                         "fds": (fresh["reference"] or {}).get("fds"),
+                                         "threads": (fresh["reference"] or {}).get("threads"),
+                                         "errors": fresh["errors"]},
         "parent_rows_moved": parent_stats.get("rows_moved"),
         "after_everything_closed": closed,
     }
@@ -451,6 +481,10 @@ def main() -> None:
     r["allocator_env"] = {name: os.environ.get(name) for name in BOUNDED_ALLOCATORS}
     print(f"[soak] {r['ops']} ops in {r['seconds']} s = {r['ops_per_s']} ops/s; mean ms per op {r['op_mean_ms']}; "
           f"op seconds {r['op_seconds_total']}", file=sys.stderr)
+    mb = lambda kb: round(kb / 1024, 1) if kb else None  # noqa: E731
+    print(f"[soak] worker RSS MB before -> after: {[(mb(w['rss_kb'][0]), mb(w['rss_kb'][1])) for w in r['workers']]}; "
+          f"a fresh process on the final store after the same warm-up: "
+          f"{mb(r['fresh_process_on_final_store']['rss_kb'])} MB", file=sys.stderr)
     print(json.dumps(r))
 
 
