@@ -49,6 +49,33 @@ def cone_bounds(q: np.ndarray, axes: np.ndarray, cos_alpha: np.ndarray, centers:
     return np.minimum(bound, 1.0)
 
 
+def _cluster_sums(x: np.ndarray, assign: np.ndarray, m: int) -> np.ndarray:
+    """Sum of the rows of x in each of m clusters (np.add.at, by sorting: a sixth of its time at 5k x 32)."""
+    order = np.argsort(assign, kind="stable")
+    counts = np.bincount(assign, minlength=m)
+    sums = np.zeros((m, x.shape[1]), dtype=x.dtype)
+    nonempty = counts > 0
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    sums[nonempty] = np.add.reduceat(x[order], starts[nonempty], axis=0)
+    return sums
+
+
+_blas = None
+
+
+def _one_blas_thread():
+    """BLAS on the calling thread alone, for the duration: a rebuild's products (rows x cones) are just big
+    enough for OpenBLAS to split them over threads, and with several store processes on few cores each split
+    waits for its helper thread to be scheduled (8-process soak on 2 cores: k-means over 5k x 32 rows into 256
+    cones took 250 ms with 2 threads, 145 with one)."""
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
+
+
 def spherical_kmeans(x: np.ndarray, m: int, *, iters: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """x: (n, d) unit rows -> (axes (m', d) unit, assignment (n,)); empty clusters are dropped."""
     n = x.shape[0]
@@ -65,8 +92,7 @@ def spherical_kmeans(x: np.ndarray, m: int, *, iters: int = 6, seed: int = 0) ->
     assign = np.zeros(n, dtype=np.int64)
     for _ in range(iters):
         assign = np.argmax(x @ axes.T, axis=1)
-        sums = np.zeros_like(axes)
-        np.add.at(sums, assign, x)
+        sums = _cluster_sums(x, assign, axes.shape[0])
         norms = np.linalg.norm(sums, axis=1)
         keep = norms > 1e-12
         axes = (sums[keep] / norms[keep, None]).astype(np.float32)
@@ -141,7 +167,8 @@ class NamespaceBound:
             self._empty()
             return
         m = min(MAX_CONES, max(1, math.ceil(n / ROWS_PER_CONE)))
-        axes, assign = spherical_kmeans(vectors, m)
+        with _one_blas_thread():
+            axes, assign = spherical_kmeans(vectors, m)
         v64 = vectors.astype(np.float64)
         m = axes.shape[0]
         dots = np.einsum("nd,nd->n", v64, axes[assign].astype(np.float64))
