@@ -15,8 +15,10 @@ Both are taken in the parent (its own process, the sidecar, /dev/shm, the GPU) w
 barrier, and by each worker for itself. Each worker also samples its RSS and fd count at 10 points of its run,
 so growth per operation can be told from a one-time step. Once the workers have closed the store, one fresh
 process opens it as they left it and does the same warm-up: its RSS is what the store's data at the end asks of
-a worker, so a worker's "after" above it is growth the data does not explain. Finally, after every process has
-closed the store: is the sidecar gone, is /dev/shm as it was at the start, and GPU memory (or "no GPU").
+a worker, so a worker's "after" above it is growth the data does not explain. Both also report their RSS after
+glibc's malloc_trim(0), which tells memory the allocator kept after it was freed from memory still in use.
+Finally, after every process has closed the store: is the sidecar gone, is /dev/shm as it was at the start, and
+GPU memory (or "no GPU").
 
 Where a mixed operation's time goes: count, total and mean ms per kind, and the store's cross-process write lock
 (TieredMemory._write_lock, timed from outside): total wait, total held, mean held per add and per delete, and
@@ -170,6 +172,18 @@ def gpu_figures(pids: list[int]) -> dict | str:
         return "no GPU"
 
 
+def trimmed_rss_kb() -> int | None:
+    """This process's RSS after glibc's malloc_trim(0) hands freed heap back to the system: what RSS drops by is
+    memory the allocator kept after the program freed it, not memory the program still holds (None off glibc)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return rss_kb(os.getpid())
+
+
 def _snap(pid: int, tmp: str) -> dict:
     return {"rss_kb": rss_kb(pid), "fds": fds(pid), "threads": threads(pid), "fd_kinds": fd_kinds(pid, tmp)}
 
@@ -292,6 +306,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
         prof.disable()
         prof.dump_stats(os.path.join(profile_dir, f"worker{worker}.prof"))
     after = _snap(me, tmp)
+    after["rss_kb_trimmed"] = trimmed_rss_kb()
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
@@ -310,7 +325,9 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
     mix = _Mix(memory, worker, chat, seed=worker)
     for _ in range(warmup):
         mix.step()
-    queue.put({"reference": _snap(me, tmp), "errors": mix.counts["errors"]})
+    snap = _snap(me, tmp)
+    snap["rss_kb_trimmed"] = trimmed_rss_kb()
+    queue.put({"reference": snap, "errors": mix.counts["errors"]})
     memory.close()
 
 
@@ -439,11 +456,13 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
         "shm": {"at_start": shm_start, "before": before["shm_segments"], "after": after["shm_segments"]},
         "gpu": {"before": before["gpu"], "after": after["gpu"]},
         "workers": [{"worker": r["worker"], "rss_kb": [r["before"]["rss_kb"], r["after"]["rss_kb"]],
+                     "rss_kb_after_malloc_trim": r["after"].get("rss_kb_trimmed"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
                      "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
         # a fresh process on the final store, after the same warm-up: the RSS the store's data asks for by then
         "fresh_process_on_final_store": {"rss_kb": (fresh["reference"] or {}).get("rss_kb"),
+                                         "rss_kb_after_malloc_trim": (fresh["reference"] or {}).get("rss_kb_trimmed"),
                                          "fds": (fresh["reference"] or {}).get("fds"),
                                          "threads": (fresh["reference"] or {}).get("threads"),
                                          "errors": fresh["errors"]},
@@ -483,8 +502,10 @@ def main() -> None:
           f"op seconds {r['op_seconds_total']}", file=sys.stderr)
     mb = lambda kb: round(kb / 1024, 1) if kb else None  # noqa: E731
     print(f"[soak] worker RSS MB before -> after: {[(mb(w['rss_kb'][0]), mb(w['rss_kb'][1])) for w in r['workers']]}; "
+          f"after malloc_trim: {[mb(w['rss_kb_after_malloc_trim']) for w in r['workers']]}; "
           f"a fresh process on the final store after the same warm-up: "
-          f"{mb(r['fresh_process_on_final_store']['rss_kb'])} MB", file=sys.stderr)
+          f"{mb(r['fresh_process_on_final_store']['rss_kb'])} MB "
+          f"({mb(r['fresh_process_on_final_store']['rss_kb_after_malloc_trim'])} after malloc_trim)", file=sys.stderr)
     print(json.dumps(r))
 
 
