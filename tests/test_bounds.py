@@ -177,6 +177,23 @@ def test_another_writer_makes_the_bound_rule_wait_for_a_resync(open_memory, tmp_
     assert report.rule != "bound"
 
 
+def test_a_resync_forgets_memories_another_process_deleted(open_memory, tmp_path):
+    """A process's metadata cache keeps every memory its searches showed it; rows another process deletes leave
+    it at the next resync (nothing else removes them before the cache is full)."""
+    rng = np.random.default_rng(8)
+    path = tmp_path / "shared"
+    first = open_memory(path, hot_capacity=100)
+    x = unit(rng.standard_normal((20, DIM)))
+    first.add([f"m{i}" for i in range(20)], vectors=x, ids=list(range(20)), namespace="n")
+    assert [m.text for m in first.get([3, 4])] == ["m3", "m4"]
+    assert {3, 4} <= set(first._cache)
+    second = open_memory(path, hot_capacity=100)
+    assert second.delete([3]) == 1
+    first._resync_now(first._hot)
+    assert 3 not in first._cache and 4 in first._cache
+    assert first.get([3]) == [None] and first.get([4])[0].text == "m4"
+
+
 def test_a_resync_torn_by_another_writer_keeps_the_hot_tier(open_memory, tmp_path):
     """Another process's add landing between a resync's cold read and its CONTAINS is not a foreign row:
     the hot tier is not cleared and refilled (that storm took the 8-process soak from ~650 to ~250 ops/s)."""

@@ -454,6 +454,7 @@ class TieredMemory:
         ids = rows["ids"]
         namespaces = rows["namespace"]
         created = rows["created_at_us"]
+        self._forget_deleted(ids)
         self.policy.set_sizes(dict(Counter(namespaces)), replace=True)
         hot_at = np.flatnonzero(present)
         if hot_at.size > self._hotset.capacity:
@@ -873,6 +874,16 @@ class TieredMemory:
         self._cache.move_to_end(memory.id)
         if len(self._cache) > METADATA_CACHE_ROWS:
             self._cache.popitem(last=False)
+
+    def _forget_deleted(self, live_ids: np.ndarray) -> None:
+        """Drops cached memories whose rows are gone (deleted by another process; this process's own deletes drop
+        theirs at once). Nothing else removes them before the cache is full (METADATA_CACHE_ROWS): in the 8-process
+        soak each worker kept every row any search had shown it, half of them deleted since, ~500 B each."""
+        if not self._cache:
+            return
+        cached = np.fromiter(self._cache.keys(), dtype=np.int64, count=len(self._cache))
+        for i in cached[~np.isin(cached, live_ids)].tolist():
+            del self._cache[i]
 
     def _memories(self, ids: Iterable[int]) -> dict[int, Memory]:
         ids = [int(i) for i in ids]
