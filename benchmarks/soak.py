@@ -220,16 +220,17 @@ class _Mix:
         inner = self.memory._write_lock
 
         @contextlib.contextmanager
-        def timed():
+        def timed(**kwargs):
             t0 = time.perf_counter()
-            with inner():
+            with inner(**kwargs) as got:
                 t1 = time.perf_counter()
                 try:
-                    yield
+                    yield got
                 finally:
-                    self.lock_wait_s[self.kind] += t1 - t0
-                    self.lock_held_s[self.kind] += time.perf_counter() - t1
-                    self.lock_n[self.kind] += 1
+                    if got:  # a promotion that found the lock taken skipped it: nothing held
+                        self.lock_wait_s[self.kind] += t1 - t0
+                        self.lock_held_s[self.kind] += time.perf_counter() - t1
+                        self.lock_n[self.kind] += 1
 
         self.memory._write_lock = timed
 

@@ -103,6 +103,27 @@ def test_cold_hits_are_promoted(open_memory):
     assert second[0].id == 0 and second[0].tier == "hot"
 
 
+def test_a_promotion_waits_for_no_writer(open_memory):
+    """While another process holds the store's write lock, a cold hit is answered but not promoted (a promotion
+    racing a delete could leave the hot tier a row the cold tier lacks); once the lock is free it is."""
+    import fcntl
+
+    rng = np.random.default_rng(7)
+    memory = open_memory(hot_capacity=5)
+    x = unit_rows(rng, 20)
+    memory.add([f"m{i}" for i in range(20)], vectors=x, ids=list(range(20)), namespace="n")
+    with open(memory.path / ".write.lock", "a+") as other:  # another open file: flock excludes it like a process
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with memory._write_lock(wait=False) as got:
+            assert got is False
+        assert memory.search(x[0], k=1, namespace="n")[0].tier == "cold"
+        assert memory.search(x[0], k=1, namespace="n")[0].tier == "cold", "not promoted while the lock is taken"
+    with memory._write_lock() as outer, memory._write_lock(wait=False) as inner:
+        assert outer is True and inner is True  # re-entrant within the thread that holds it
+    assert memory.search(x[0], k=1, namespace="n")[0].tier == "cold"
+    assert memory.search(x[0], k=1, namespace="n")[0].tier == "hot"
+
+
 def test_get_count_metadata_and_roundtrip(open_memory):
     rng = np.random.default_rng(8)
     memory = open_memory()

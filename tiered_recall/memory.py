@@ -437,7 +437,7 @@ class TieredMemory:
         before, rows, present, after = self._hot_membership(hot)
         if before == after and int(present.sum()) != after[4]:
             # The hot tier holds rows the cold tier does not (e.g. a promotion that raced with a delete; see
-            # _try_write_lock): start it afresh. Only a mismatch read while the hot tier's counters stood still
+            # _write_lock): start it afresh. Only a mismatch read while the hot tier's counters stood still
             # says so; one read while another process writes (its add lands between our cold read and CONTAINS)
             # or warms (its own clear-and-refill) does not. Taking those for foreign rows cleared and refilled the
             # whole tier, which other processes then read half-filled and cleared again: in the 8-process soak
@@ -784,45 +784,28 @@ class TieredMemory:
                 self._fold_cold(namespace, id_arr, vecs, created)  # cold-only until the backlog is flushed
         return [int(i) for i in id_arr]
 
-    def _write_lock(self):
+    def _write_lock(self, *, wait: bool = True):
         """Serialises commit-then-publish of namespace totals across processes, so the published
         total always belongs to the latest commit. Re-entrant within a thread (add -> reconnect ->
-        warm); other threads of this process wait like other processes (flock per open file)."""
+        warm); other threads of this process wait like other processes (flock per open file).
+        Yields True once held. wait=False yields False at once when another holder has it: promotions use
+        that. A row read from the cold tier and upserted into the hot tier without the lock can land after
+        another process's delete took it out of the hot tier and before that delete reached the cold tier,
+        leaving the hot tier a row the cold tier no longer has (a resync must then clear and refill the whole
+        tier); promotions are an optimisation, so a search skips one rather than wait for a writer."""
         @contextlib.contextmanager
         def held():
             depth = getattr(self._write_held, "depth", 0)
             if depth:
                 self._write_held.depth = depth + 1
                 try:
-                    yield
+                    yield True
                 finally:
                     self._write_held.depth = depth
                 return
             with open(self.path / ".write.lock", "a+") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                self._write_held.depth = 1
                 try:
-                    yield
-                finally:
-                    self._write_held.depth = 0
-
-        return held()
-
-    def _try_write_lock(self):
-        """The write lock if it is free now (yields True), else yields False at once. For promotions: a row read
-        from the cold tier and upserted into the hot tier without it can land after another process's delete of
-        that row took it out of the hot tier and before that delete reached the cold tier, leaving the hot tier
-        a row the cold tier no longer has (a resync must then clear and refill the whole tier). Promotions are
-        an optimisation, so a search never waits for a writer: it skips the promotion instead."""
-        @contextlib.contextmanager
-        def held():
-            if getattr(self._write_held, "depth", 0):
-                with self._write_lock():
-                    yield True
-                return
-            with open(self.path / ".write.lock", "a+") as f:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     yield False
                     return
@@ -1104,9 +1087,9 @@ class TieredMemory:
         """Cold hits move into the hot tier (the policy makes room)."""
         if not ids:
             return
-        with self._try_write_lock() as got:
+        with self._write_lock(wait=False) as got:
             if not got:
-                return  # a writer is at work: promote on a later cold hit rather than wait (see _try_write_lock)
+                return  # a writer is at work: promote on a later cold hit rather than wait (see _write_lock)
             rows = self.cold.vectors_of(ids)
             if len(rows["ids"]):
                 self._hot_call(lambda hot: self._place(hot, rows["ids"], rows["vectors"], rows["namespace"],
@@ -1114,7 +1097,7 @@ class TieredMemory:
 
     def _promote_namespace(self, namespace: str) -> None:
         """Loads every row of a namespace the policy keeps whole into the hot tier (when it fits)."""
-        with self._try_write_lock() as got:
+        with self._write_lock(wait=False) as got:
             if got:
                 self._promote_namespace_locked(namespace)
 
