@@ -103,26 +103,48 @@ static int reply_error(tr_slot *slot, int status, const char *fmt, ...) {
     return status;
 }
 
-/* Copies count vectors out of the slot, checks they are finite, normalises when asked. */
+/* Index of v's first NaN or infinite value (d if none). */
+static uint32_t first_not_finite(const float *v, uint32_t d) {
+    for (uint32_t j = 0; j < d; j++)
+        if (!isfinite(v[j])) return j;
+    return d;
+}
+
+/* Copies count vectors out of the slot, checks they are finite, normalises when asked. Per vector:
+ * exponent bits (all ones: NaN or inf) OR-ed and squares summed in 8 independent lanes; an isfinite
+ * branch and one double sum per element was one dependent chain (768 dims: 0.63 -> 0.35 us on a
+ * 2-core x86 dev machine), paid on the server's thread by every search. */
 static int take_vectors_to(tr_server *s, tr_slot *slot, const unsigned char *src, uint32_t count,
                            int normalise, float *dst) {
     uint32_t d = s->geo.dim;
     memcpy(dst, src, (size_t)count * d * sizeof(float));
     for (uint32_t i = 0; i < count; i++) {
         float *v = dst + (size_t)i * d;
-        double norm = 0.0;
-        for (uint32_t j = 0; j < d; j++) {
-            if (!isfinite(v[j]))
-                return reply_error(slot, TR_E_NOT_FINITE, "vector %u has a NaN or infinite value at "
-                                   "%u: clean the input (np.nan_to_num) or drop the row", i, j);
-            norm += (double)v[j] * v[j];
+        uint32_t special = 0;
+        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        uint32_t j = 0;
+        for (; j + 8 <= d; j += 8) {
+            for (int u = 0; u < 8; u++) {
+                uint32_t bits;
+                memcpy(&bits, &v[j + u], sizeof bits);
+                special |= ~bits & 0x7f800000u ? 0u : 1u;
+                lane[u] += (double)v[j + u] * v[j + u];
+            }
         }
+        for (; j < d; j++) {
+            special |= isfinite(v[j]) ? 0u : 1u;
+            lane[0] += (double)v[j] * v[j];
+        }
+        if (special)
+            return reply_error(slot, TR_E_NOT_FINITE, "vector %u has a NaN or infinite value at "
+                               "%u: clean the input (np.nan_to_num) or drop the row", i, first_not_finite(v, d));
+        double norm = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
         if (normalise) {
             if (norm == 0.0)
                 return reply_error(slot, TR_E_ZERO_VECTOR, "vector %u is all zeros and cannot be "
                                    "normalised: drop it", i);
             float inv = (float)(1.0 / sqrt(norm));
-            for (uint32_t j = 0; j < d; j++) v[j] *= inv;
+            for (uint32_t j2 = 0; j2 < d; j2++) v[j2] *= inv;
         }
     }
     return TR_OK;
