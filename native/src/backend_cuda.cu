@@ -573,9 +573,9 @@ __device__ unsigned warp_select_block(float *s, long long *id, unsigned n, unsig
 
 
 /* One block's share of a batched scan (block blk of G): stages the queries (qsrc: kernel parameters,
- * or device memory read through L2 when q_l2, as the persistent kernel's queries are rewritten
- * between requests), scores its run of rows and leaves its sorted top-k per query in the partial
- * lists. bsm: the dynamic shared memory (batch_smem). */
+ * or device memory read through L2 when q_l2; null: the caller has staged them at the start of bsm,
+ * as the persistent kernel does with its parameters), scores its run of rows and leaves its sorted
+ * top-k per query in the partial lists. bsm: the dynamic shared memory (batch_smem). */
 template <int NT>
 __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q_l2, unsigned blk, unsigned G,
                                  uint4 *bsm) {
@@ -587,7 +587,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
     __shared__ float thr[QR];
 
     const unsigned tid = threadIdx.x;
-    for (unsigned i = tid; i < QR * p.qstride; i += blockDim.x) {
+    for (unsigned i = tid; qsrc && i < QR * p.qstride; i += blockDim.x) {
         const unsigned r = i / p.qstride, c = i - r * p.qstride;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (r < p.nq && c < p.nvec) v = q_l2 ? __ldcg(qsrc + r * p.nvec + c) : qsrc[r * p.nvec + c];
@@ -742,10 +742,14 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
     float local = -INFINITY;
     for (unsigned g = warp; g * 32 < G; g += TR_CUDA_WARPS) {
         const unsigned b = g * 32 + lane;
+        /* the scores are loaded beside the count, not after it (one L2 round trip, not two): a list's
+         * slots always exist, and what lies past its count is ignored */
         const unsigned n = b < G ? __ldcg(pn + b) : 0u;
-        if (n == k) local = fmaxf(local, __ldcg(ps + (size_t)b * TR_BQ_MAX_K + k - 1));
+        const float kth = b < G ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K + k - 1) : -INFINITY;
+        const float first = b < G ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K) : -INFINITY;
+        if (n == k) local = fmaxf(local, kth);
         if (k <= 32) {
-            const float top = warp_sort_desc(n ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K) : -INFINITY);
+            const float top = warp_sort_desc(n ? first : -INFINITY);
             local = fmaxf(local, __shfl_sync(0xffffffffu, top, k - 1));
         }
     }
@@ -765,14 +769,16 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
     for (unsigned base = 0; base < total; base += 8 * TR_CUDA_BLOCK) {
         float s[8];
         long long d[8];
+        unsigned n[8];
         bool ok[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const unsigned e = base + i * TR_CUDA_BLOCK + tid;
-            const unsigned b = e / k, j = e - b * k;
-            ok[i] = e < total && j < __ldcg(pn + (e < total ? b : 0));
-            s[i] = ok[i] ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K + j) : -INFINITY;
-            d[i] = ok[i] ? __ldcg(pid + (size_t)b * TR_BQ_MAX_K + j) : LLONG_MAX;
+            const unsigned b = e < total ? e / k : 0u, j = e < total ? e - b * k : 0u;
+            n[i] = __ldcg(pn + b); /* as above: the entry's loads do not wait for its list's count */
+            s[i] = __ldcg(ps + (size_t)b * TR_BQ_MAX_K + j);
+            d[i] = __ldcg(pid + (size_t)b * TR_BQ_MAX_K + j);
+            ok[i] = e < total && j < n[i];
         }
         const float th = mthr;
 #pragma unroll
@@ -845,7 +851,8 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
  * server thread, after it has checked and normalised the requests as for a launch) writes a batch
  * of up to TR_BQ_MAX f16 queries and their parameters into a pinned, mapped mailbox and then one
  * word: seq << 8 | nq. Block 0 polls that word over PCIe, copies the batch into device memory and
- * raises ctl->go; every other block polls go in L2. Every block takes part in every batch (the
+ * raises ctl->go to the same word; every other block polls go in L2 and loads the batch from the
+ * device copy. Every block takes part in every batch (the
  * first G scan their share of rows, the others only take a ticket), so a batch cannot finish while
  * any block still reads the previous one. The last block to take its ticket merges (up to
  * TR_BQ_FUSE_MAX queries, or when there are fewer scanning blocks than queries), or releases blocks
@@ -917,61 +924,86 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
     const unsigned tid = threadIdx.x, blk = blockIdx.x, nblocks = gridDim.x;
     const uint4 *mq = reinterpret_cast<const uint4 *>(mb + 1);
     constexpr unsigned NREQ = sizeof(PersistReq) / sizeof(uint4);
+    const unsigned qstride = (nvec + 3) / 4 * 4 + 1; /* BatchParams::qstride */
+    uint4 *sq = bsm;                                  /* the scan's staged queries (batch_scan_block) */
     unsigned long long t_seen = 0;
     for (;;) {
         seq = persist_next_seq(seq);
-        if (blk == 0) {
-            if (tid == 0) {
+        /* Each block loads the parameters into sreq and stages the queries into sq in one loop, so
+         * their loads are in flight together: block 0 from the mailbox over PCIe (also copying them to
+         * dreq/dq for the others), every other block from dreq/dq in L2 once go carries this seq. nq
+         * rides in the low byte of the mailbox word and of go, so the loop's bounds are known first. */
+        if (tid == 0) {
+            if (blk == 0) {
                 unsigned w;
                 while (((w = ld_acquire_sys(&mb->word)) >> 8) != seq) {
                 }
                 s_word = w;
                 t_seen = global_ns();
+            } else {
+                unsigned g;
+                while (((g = ld_acquire_gpu(&ctl->go)) >> 8) != seq) __nanosleep(32);
+                s_word = g;
             }
-            __syncthreads();
-            __threadfence_system();
-            const unsigned nq = s_word & 0xFFu;
-            const uint4 *src = reinterpret_cast<const uint4 *>(&mb->req);
-            for (unsigned i = tid; i < NREQ; i += blockDim.x) reinterpret_cast<uint4 *>(dreq)[i] = __ldcv(src + i);
-            for (unsigned i = tid; i < nq * nvec; i += blockDim.x) dq[i] = __ldcv(mq + i);
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                if (__ldcg(&dreq->profile)) {
-                    mb->stamp[0] = t_seen;
-                    mb->stamp[1] = global_ns();
-                }
-                st_release_gpu(&ctl->go, seq);
-            }
-        } else {
-            if (tid == 0)
-                while (ld_acquire_gpu(&ctl->go) != seq) __nanosleep(32);
-            __syncthreads();
         }
-        for (unsigned i = tid; i < NREQ; i += blockDim.x)
-            reinterpret_cast<uint4 *>(&sreq)[i] = __ldcg(reinterpret_cast<const uint4 *>(dreq) + i);
+        __syncthreads(); /* with tid 0's acquire: the loads below see what the word or go published */
+        {
+            const unsigned nq = s_word & 0xFFu, QR = nq <= 8 ? 8u : 16u;
+            const uint4 *rsrc = blk == 0 ? reinterpret_cast<const uint4 *>(&mb->req) : reinterpret_cast<const uint4 *>(dreq);
+            unsigned profile = 0;
+            for (unsigned i = tid; i < NREQ + QR * qstride; i += blockDim.x) {
+                if (i < NREQ) {
+                    const uint4 v = blk == 0 ? __ldcv(rsrc + i) : __ldcg(rsrc + i);
+                    reinterpret_cast<uint4 *>(&sreq)[i] = v;
+                    if (blk == 0) reinterpret_cast<uint4 *>(dreq)[i] = v;
+                    if (i == 0) profile = v.z; /* PersistReq::profile */
+                } else {
+                    const unsigned j = i - NREQ, r = j / qstride, c = j - r * qstride;
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (r < nq && c < nvec) {
+                        v = blk == 0 ? __ldcv(mq + r * nvec + c) : __ldcg(dq + r * nvec + c);
+                        if (blk == 0) dq[r * nvec + c] = v;
+                    }
+                    sq[j] = v;
+                }
+            }
+            if (blk == 0) {
+                /* Fences in this kernel follow cooperative groups' grid sync: the block's threads meet
+                 * at a barrier and one thread fences (here: the release of go) for all of them. A fence
+                 * in every thread first, then the release's own, was two fence latencies in a row. */
+                __syncthreads();
+                if (tid == 0) {
+                    if (profile) {
+                        mb->stamp[0] = t_seen;
+                        mb->stamp[1] = global_ns();
+                    }
+                    st_release_gpu(&ctl->go, s_word);
+                }
+            }
+        }
         __syncthreads();
         const unsigned nq = sreq.nq, G = sreq.G;
         if (nq == 0) return; /* stop */
         const BatchParams &p = sreq.p;
         if (blk < G) {
-            if (nq <= 8) batch_scan_block<1>(p, dq, true, blk, G, bsm);
-            else batch_scan_block<2>(p, dq, true, blk, G, bsm);
+            if (nq <= 8) batch_scan_block<1>(p, nullptr, true, blk, G, bsm);
+            else batch_scan_block<2>(p, nullptr, true, blk, G, bsm);
         }
-        __threadfence(); /* this block's lists are visible device-wide before its ticket */
         __syncthreads();
-        if (tid == 0) is_last = atomicInc(&ctl->ticket, nblocks - 1) == nblocks - 1;
+        if (tid == 0) {
+            __threadfence(); /* this block's lists are visible device-wide before its ticket */
+            is_last = atomicInc(&ctl->ticket, nblocks - 1) == nblocks - 1;
+            if (is_last) __threadfence(); /* acquire: every block's lists, for the barrier's readers */
+        }
         __syncthreads();
         const bool parallel = nq > TR_BQ_FUSE_MAX && nq <= G;
         long long *mid = reinterpret_cast<long long *>(bsm); /* the merge aliases the scan's buffers */
         float *ms = reinterpret_cast<float *>(mid + TR_BQ_MCB);
         if (is_last) {
-            __threadfence(); /* acquire: every block's lists */
             if (tid == 0 && sreq.profile) mb->stamp[2] = global_ns();
             if (!parallel) {
                 for (unsigned qi = 0; qi < nq; qi++) merge_query(p, G, qi, ms, mid, mcnt, mthr, wmax);
-                __threadfence_system(); /* results and hits reach the host before done_seq */
-                __syncthreads();
+                __syncthreads(); /* then done_seq's release (fence.sys) orders every thread's results */
                 if (tid == 0) {
                     if (sreq.profile) mb->stamp[3] = global_ns();
                     st_release_sys(&mb->done_seq, seq);
@@ -984,14 +1016,15 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
             if (tid == 0)
                 while (ld_acquire_gpu(&ctl->merge_go) != seq) __nanosleep(32);
             __syncthreads();
-            __threadfence();
             merge_query(p, G, blk, ms, mid, mcnt, mthr, wmax);
-            __threadfence_system();
             __syncthreads();
-            if (tid == 0 && atomicInc(&ctl->merge_ticket, nq - 1) == nq - 1) {
-                __threadfence_system();
-                if (sreq.profile) mb->stamp[3] = global_ns();
-                st_release_sys(&mb->done_seq, seq);
+            if (tid == 0) {
+                __threadfence_system(); /* this query's results, before its merge ticket */
+                if (atomicInc(&ctl->merge_ticket, nq - 1) == nq - 1) {
+                    __threadfence_system();
+                    if (sreq.profile) mb->stamp[3] = global_ns();
+                    st_release_sys(&mb->done_seq, seq);
+                }
             }
         }
         __syncthreads(); /* sreq and the shared buffers are reused by the next batch */
