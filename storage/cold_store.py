@@ -43,6 +43,13 @@ _RRF_DEPTH = 100  # rows taken from each ranking before reciprocal-rank fusion
 HYBRID_BM25_WEIGHT = 1.0
 WAL_FOLDER = "_wal"
 _LANCE_METADATA_CACHE_BYTES = 4 << 20
+# LanceDB's index cache (6 GiB by default) keeps one entry per table version a connection works on (the version's index
+# list; ~0.2 KB of native heap each, measured), never evicted below its cap: a long-lived writer on a busy shared store
+# grows without end (the 8-process soak makes ~25 versions/s: up to ~20 MB an hour). Capping that cache would evict
+# real indices of big tables (BTREE on id, IVF_PQ) long before it bounded those entries, so background maintenance
+# opens a new connection (a fresh session: both caches empty) once the table is this many versions past the one the
+# connection was opened at.
+_LANCE_RECONNECT_VERSIONS = 5_000
 # Adds of more rows than this bypass the log (after flushing it): one LanceDB commit is cheap per row for a batch.
 _WAL_MAX_ROWS = 1024
 # With the log on and the mirror loaded, a read asks LanceDB for the table's latest version at most this often.
@@ -217,16 +224,12 @@ class ColdStore:
             self._follower = LogFollower(self._wal)
             self._maintenance_probe_fd = os.open(os.path.join(self._path, MAINTENANCE_LOCK_NAME),
                                                  os.O_RDWR | os.O_CREAT, 0o600)
-        interval = timedelta(seconds=float(read_consistency_interval_s))
+        self._read_interval = timedelta(seconds=float(read_consistency_interval_s))
         self._lagging_reads = read_consistency_interval_s > 0
-        # LanceDB caches metadata for every table version a process sees, up to 1 GiB by default: with
-        # other processes committing all day, a long-lived reader grew ~13 MB per 1,000 operations
-        # (benchmarks/soak.py). Our mirror answers reads, so a small cache loses nothing: at 4 MiB it is
-        # full after ~1,000 soak operations and RSS levels off; at 64 MiB it held ~80 MB before it did.
-        session = _lancedb().Session(metadata_cache_size_bytes=_LANCE_METADATA_CACHE_BYTES)
-        self._db = self._guard("connect to LanceDB", lambda: _lancedb().connect(
-            self._path, read_consistency_interval=interval, session=session))
+        self._reconnects = 0
+        self._db = self._connect()
         self._table = self._open_or_create()
+        self._connected_at_version = self._table.version
         self._schema = self._table.schema  # fetched once: each .schema call is a round trip into LanceDB
         self._maintenance_table = None
         with self._lock:
@@ -296,6 +299,33 @@ class ColdStore:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _connect(self):
+        # LanceDB caches metadata for every table version a process sees, up to 1 GiB by default: with
+        # other processes committing all day, a long-lived reader grew ~13 MB per 1,000 operations
+        # (benchmarks/soak.py). Our mirror answers reads, so a small cache loses nothing: at 4 MiB it is
+        # full after ~1,000 soak operations and RSS levels off; at 64 MiB it held ~80 MB before it did.
+        session = _lancedb().Session(metadata_cache_size_bytes=_LANCE_METADATA_CACHE_BYTES)
+        return self._guard("connect to LanceDB", lambda: _lancedb().connect(
+            self._path, read_consistency_interval=self._read_interval, session=session))
+
+    def _maybe_reconnect(self, latest: int) -> None:
+        """Under the maintenance lock (so no optimize() uses the table meanwhile): a new connection, with empty
+        caches, once the table has moved _LANCE_RECONNECT_VERSIONS versions past the current connection's start
+        (see that constant). No flush or direct write commits meanwhile (the flush lock) and no read or write uses
+        the table (the store's lock); the old connection's caches go with its last handle."""
+        if latest - self._connected_at_version < _LANCE_RECONNECT_VERSIONS:
+            return
+        with self._no_row_commits(), self._lock:
+            if self._closed:
+                return
+            db = self._connect()
+            table = self._guard("open the table", lambda: db.open_table(TABLE_NAME))
+            self._db, self._table = db, table
+            self._flush_table = None
+            self._maintenance_table = None
+            self._connected_at_version = table.version
+            self._reconnects += 1
 
     def _guard(self, what: str, fn: Callable[[], T]) -> T:
         """Run a LanceDB/OS call; failures become StorageError saying what was being done."""
@@ -1390,6 +1420,7 @@ class ColdStore:
                 self._last_compaction_at = time.time()
                 self._compactions += 1
                 self._note_benign(table, start)  # before the lock goes: readers defer until then (_sync_locked)
+                self._maybe_reconnect(table.version)
             with self._lock:
                 if not self._closed:
                     self._sync_locked()  # absorb the compaction versions here, not on a reader's time
@@ -1506,6 +1537,7 @@ class ColdStore:
             "mirror_rows": mirror_rows,
             "last_compaction_at": self._last_compaction_at,
             "compactions": self._compactions,
+            "lance_reconnects": self._reconnects,
             "pending_writes": 0 if self._maintenance is None else self._maintenance.pending_writes,
             "maintenance_errors": self._maintenance_errors,
             "last_maintenance_error": self._last_maintenance_error,

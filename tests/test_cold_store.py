@@ -184,6 +184,40 @@ def test_background_compaction_yields_to_another_process_holding_the_lock(tmp_pa
         assert stats["compactions"] == 1 and stats["fragments"] == 1 and stats["rows"] == 7
 
 
+@pytest.mark.parametrize("wal", [True, False])
+def test_maintenance_reconnects_after_many_versions(tmp_path, monkeypatch, wal):
+    """LanceDB's index cache keeps an entry per table version: maintenance opens a fresh connection every
+    _LANCE_RECONNECT_VERSIONS versions, and nothing is lost or stale across the switch."""
+    from tiered_recall.storage import cold_store
+
+    monkeypatch.setattr(cold_store, "_LANCE_RECONNECT_VERSIONS", 3)
+    rng = np.random.default_rng(11)
+    n = 60
+    v = unit_rows(rng, n)
+    with ColdStore(tmp_path / "cold", dim=DIM, compact_every_writes=5, compact_every_s=60.0, wal=wal,
+                   wal_flush_rows=4, wal_flush_s=0.05) as store:
+        for i in range(n):
+            store.add(**rows([i], v[i:i + 1]))
+            if i % 3 == 2:
+                assert store.delete([i - 1]) == 1
+            if i % 10 == 9:
+                store.flush()
+        assert store.wait_for_maintenance(timeout=30)
+        stats = store.stats()
+        assert stats["maintenance_errors"] == 0, stats["last_maintenance_error"]
+        assert stats["lance_reconnects"] >= 1, stats
+        live = np.array([i for i in range(n) if i % 3 != 1])
+        assert stats["rows"] == live.size and store.count() == live.size
+        assert store.get([1, 2])[0] is None and store.get([2])[0]["id"] == 2
+        ids, _ = store.search(v[30], k=5)
+        want, _ = exact_top_k(v[live], live, v[30], 5)
+        np.testing.assert_array_equal(ids, want)
+        ids, _ = store.search(v[30], k=5, where="role IS NULL")  # served by LanceDB through the new connection
+        np.testing.assert_array_equal(ids, want)
+        store.optimize()
+        assert store.stats()["rows"] == live.size
+
+
 def _run_child(code: str) -> dict:
     # A fresh interpreter (spawn semantics): never fork a process that has LanceDB initialised.
     # cwd away from the checkout: `-c` puts the cwd first on sys.path, and the source tree's
