@@ -15,8 +15,11 @@ Both are taken in the parent (its own process, the sidecar, /dev/shm, the GPU) w
 barrier, and by each worker for itself. Each worker also samples its RSS and fd count at 10 points of its run,
 so growth per operation can be told from a one-time step. Once the workers have closed the store, one fresh
 process opens it as they left it and does the same warm-up: its RSS is what the store's data at the end asks of
-a worker, so a worker's "after" above it is growth the data does not explain. Both also report their RSS after
-glibc's malloc_trim(0), which tells memory the allocator kept after it was freed from memory still in use.
+a worker, so a worker's "after" above it is growth the data does not explain; it then runs one flush and one
+maintenance pass and the warm-up again (every worker of a long run has been through those), a second figure for
+the steady state. Both also report their RSS after glibc's malloc_trim(0), which tells memory the allocator kept
+after it was freed from memory still in use, split into anonymous memory (what a process holds) and file-backed
+pages (mapped code: LanceDB's first flush maps ~16 MB more of its library, which no allocator can give back).
 Finally, after every process has closed the store: is the sidecar gone, is /dev/shm as it was at the start, and
 GPU memory (or "no GPU").
 
@@ -104,6 +107,17 @@ def rss_kb(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+def rss_parts_kb(pid: int) -> dict | None:
+    """RSS split: anonymous (heap, stacks: what a process holds) and file-backed (mapped code and files: shared
+    through the page cache, and loaded once per code path; LanceDB's first flush maps ~16 MB more of its library)."""
+    try:
+        fields = {line.split(":")[0]: int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith(("RssAnon:", "RssFile:", "RssShmem:"))}
+    except (OSError, ValueError, IndexError):
+        return None
+    return {"anon": fields.get("RssAnon"), "file": fields.get("RssFile"), "shmem": fields.get("RssShmem")}
 
 
 def fd_targets(pid: int) -> list[str] | None:
@@ -308,6 +322,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
         prof.dump_stats(os.path.join(profile_dir, f"worker{worker}.prof"))
     after = _snap(me, tmp)
     after["rss_kb_trimmed"] = trimmed_rss_kb()
+    after["rss_parts_trimmed"] = rss_parts_kb(me)
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
@@ -320,7 +335,9 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
 
 def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue) -> None:
     """A process that opens the store as the soak left it and does the same warm-up as a worker: its RSS is what
-    a worker needs for the store's data at the end, without the history of the run."""
+    a worker needs for the store's data at the end, without the history of the run. Then one flush and one
+    maintenance pass (compaction, index builds), which every worker of a long run has been through and a short
+    warm-up may not have: the second figure is the steady state to compare a worker with."""
     me = os.getpid()
     memory = _open(Path(store))
     mix = _Mix(memory, worker, chat, seed=worker)
@@ -328,7 +345,12 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
         mix.step()
     snap = _snap(me, tmp)
     snap["rss_kb_trimmed"] = trimmed_rss_kb()
-    queue.put({"reference": snap, "errors": mix.counts["errors"]})
+    snap["rss_parts_trimmed"] = rss_parts_kb(me)
+    memory.cold.optimize()  # flushes the log first
+    for _ in range(warmup):
+        mix.step()
+    steady = {"rss_kb": rss_kb(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me)}
+    queue.put({"reference": snap, "after_maintenance": steady, "errors": mix.counts["errors"]})
     memory.close()
 
 
@@ -458,12 +480,15 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
         "gpu": {"before": before["gpu"], "after": after["gpu"]},
         "workers": [{"worker": r["worker"], "rss_kb": [r["before"]["rss_kb"], r["after"]["rss_kb"]],
                      "rss_kb_after_malloc_trim": r["after"].get("rss_kb_trimmed"),
+                     "rss_parts_kb_after_malloc_trim": r["after"].get("rss_parts_trimmed"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
                      "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
         # a fresh process on the final store, after the same warm-up: the RSS the store's data asks for by then
         "fresh_process_on_final_store": {"rss_kb": (fresh["reference"] or {}).get("rss_kb"),
                                          "rss_kb_after_malloc_trim": (fresh["reference"] or {}).get("rss_kb_trimmed"),
+                                         "rss_parts_kb_after_malloc_trim": (fresh["reference"] or {}).get("rss_parts_trimmed"),
+                                         "after_one_flush_and_maintenance": fresh.get("after_maintenance"),
                                          "fds": (fresh["reference"] or {}).get("fds"),
                                          "threads": (fresh["reference"] or {}).get("threads"),
                                          "errors": fresh["errors"]},
@@ -507,6 +532,12 @@ def main() -> None:
           f"a fresh process on the final store after the same warm-up: "
           f"{mb(r['fresh_process_on_final_store']['rss_kb'])} MB "
           f"({mb(r['fresh_process_on_final_store']['rss_kb_after_malloc_trim'])} after malloc_trim)", file=sys.stderr)
+    parts = lambda d: f"anon {mb((d or {}).get('anon'))} + file {mb((d or {}).get('file'))}"  # noqa: E731
+    steady = r["fresh_process_on_final_store"].get("after_one_flush_and_maintenance") or {}
+    print(f"[soak] after malloc_trim, MB: workers {[parts(w['rss_parts_kb_after_malloc_trim']) for w in r['workers']]}; "
+          f"fresh process {parts(r['fresh_process_on_final_store']['rss_parts_kb_after_malloc_trim'])}, "
+          f"and after one flush + maintenance pass and the warm-up again: {parts(steady.get('rss_parts_trimmed'))} "
+          f"(RSS {mb(steady.get('rss_kb_trimmed'))})", file=sys.stderr)
     print(json.dumps(r))
 
 
