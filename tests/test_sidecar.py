@@ -147,6 +147,26 @@ def test_client_validates_inputs(start):
     assert hot.stats()["hot_rows"] == 0
 
 
+def test_sidecar_finds_every_bad_value_in_a_query(start):
+    """The sidecar's vector check runs in 8 lanes plus a tail: a NaN or infinity anywhere in a 13-dim query (lanes
+    and tail) is refused and named by its position; a zero query cannot be normalised; a huge finite one can."""
+    _, hot = start(dim=13, capacity=10)
+    hot.upsert([1, 2], np.eye(13, dtype=np.float32)[[0, 12]], 1)
+    for j in range(13):
+        for bad in (np.nan, np.inf, -np.inf):
+            q = np.full(13, 0.1, dtype=np.float32)
+            q[j] = bad
+            with pytest.raises(InvalidInput, match=f"NaN or infinite value at {j}:"):
+                hot.search(q, k=2)
+    with pytest.raises(InvalidInput, match="all zeros"):
+        hot.search(np.zeros(13, dtype=np.float32), k=2, normalize=True)
+    huge = np.zeros(13, dtype=np.float32)
+    huge[12] = 3e38  # its square overflows float32; the norm is summed in double
+    res = hot.search(huge, k=2, normalize=True)
+    assert list(res.ids[0]) == [2, 1]
+    np.testing.assert_allclose(res.scores[0], [1.0, 0.0], atol=1e-6)
+
+
 def test_attach_refuses_wrong_dim_and_missing(start, segment_name):
     start(dim=8, capacity=10)
     with pytest.raises(IncompatibleLayout, match="dim 8"):
