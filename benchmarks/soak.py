@@ -323,6 +323,8 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     after = _snap(me, tmp)
     after["rss_kb_trimmed"] = trimmed_rss_kb()
     after["rss_parts_trimmed"] = rss_parts_kb(me)
+    after["cached_memories"] = memory.stats()["cached_memories"]
+    after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
@@ -331,6 +333,18 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     done_barrier.wait()  # the parent takes "after" now, with every worker still attached
     close_barrier.wait()
     memory.close()
+
+
+def _without_memory_cache(memory, me: int) -> dict | None:
+    """Diagnostic, at the very end: RSS parts after dropping the texts and metadata TieredMemory caches for rows
+    searches returned (bounded by the live rows and METADATA_CACHE_ROWS), so what that cache holds is told from
+    growth. The process does no more operations afterwards."""
+    import gc
+
+    memory._cache.clear()
+    gc.collect()
+    trimmed_rss_kb()
+    return rss_parts_kb(me)
 
 
 def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue) -> None:
@@ -349,7 +363,9 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
     memory.cold.optimize()  # flushes the log first
     for _ in range(warmup):
         mix.step()
-    steady = {"rss_kb": rss_kb(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me)}
+    steady = {"rss_kb": rss_kb(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me),
+              "cached_memories": memory.stats()["cached_memories"]}
+    steady["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     queue.put({"reference": snap, "after_maintenance": steady, "errors": mix.counts["errors"]})
     memory.close()
 
@@ -481,6 +497,8 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
         "workers": [{"worker": r["worker"], "rss_kb": [r["before"]["rss_kb"], r["after"]["rss_kb"]],
                      "rss_kb_after_malloc_trim": r["after"].get("rss_kb_trimmed"),
                      "rss_parts_kb_after_malloc_trim": r["after"].get("rss_parts_trimmed"),
+                     "cached_memories": r["after"].get("cached_memories"),
+                     "rss_parts_kb_without_memory_cache": r["after"].get("rss_parts_trimmed_without_cache"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
                      "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
@@ -538,6 +556,11 @@ def main() -> None:
           f"fresh process {parts(r['fresh_process_on_final_store']['rss_parts_kb_after_malloc_trim'])}, "
           f"and after one flush + maintenance pass and the warm-up again: {parts(steady.get('rss_parts_trimmed'))} "
           f"(RSS {mb(steady.get('rss_kb_trimmed'))})", file=sys.stderr)
+    print(f"[soak] TieredMemory's cache of returned rows (texts, metadata): workers hold "
+          f"{[w['cached_memories'] for w in r['workers']]} rows, and without it, after malloc_trim: "
+          f"{[parts(w['rss_parts_kb_without_memory_cache']) for w in r['workers']]}; the fresh process held "
+          f"{steady.get('cached_memories')}, and without them: {parts(steady.get('rss_parts_trimmed_without_cache'))}",
+          file=sys.stderr)
     print(json.dumps(r))
 
 

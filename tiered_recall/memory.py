@@ -1137,6 +1137,7 @@ class TieredMemory:
             "latency": paths,
             "rules": self._rule_stats.summary(),
             "rows_moved": dict(self._moves),
+            "cached_memories": len(self._cache),  # texts and metadata of rows searches returned (METADATA_CACHE_ROWS)
             "policy": self.policy.describe(),
             "bounds": self._bounds.stats(),
             "sidecar": hot.stats() if hot is not None else None,
