@@ -53,7 +53,7 @@ def main() -> int:
             log = proc.log()
             proc.stop()
         for line in log.splitlines():
-            if "persistent" in line or "profile" in line:
+            if "persistent" in line or "profile" in line or "phases" in line:
                 print("   ", line)
     return 0
 

@@ -572,13 +572,34 @@ __device__ unsigned warp_select_block(float *s, long long *id, unsigned n, unsig
 }
 
 
+/* TR_CUDA_PROFILE=1: each block of the persistent kernel adds up where its part of a batch goes
+ * (clock64 between barriers, so per block and exact; one %globaltimer total per batch calibrates them),
+ * and the sidecar logs the means at each stop: which part of a small tier's scan is fixed cost. */
+enum {
+    TR_PH_STAGE,      /* go seen -> parameters and queries staged (block 0: the mailbox over PCIe) */
+    TR_PH_ROUND1,     /* -> first round scored and admitted */
+    TR_PH_ROUNDS,     /* -> every further round (and its selections) */
+    TR_PH_LISTS,      /* -> final selection and partial lists written */
+    TR_PH_FENCE,      /* -> the ticket's release fence */
+    TR_PH_TICKET,     /* -> the ticket's atomic returned */
+    TR_PH_CYCLES,     /* go seen -> ticket, in cycles, and ... */
+    TR_PH_NS,         /* ... in ns (%globaltimer): the clock of the other phases */
+    TR_PH_GO_NS,      /* block 0 raised go -> this block saw it (ns; 0 for block 0) */
+    TR_PH_COUNT,      /* batches added up */
+    TR_PH_SLOTS
+};
+__shared__ long long tr_clk[TR_PH_CYCLES + 2]; /* the phases' clocks, then %globaltimer at go seen */
+__device__ __forceinline__ void prof_clock(bool prof, int i) {
+    if (prof && threadIdx.x == 0) tr_clk[i] = clock64();
+}
+
 /* One block's share of a batched scan (block blk of G): stages the queries (qsrc: kernel parameters,
  * or device memory read through L2 when q_l2; null: the caller has staged them at the start of bsm,
  * as the persistent kernel does with its parameters), scores its run of rows and leaves its sorted
  * top-k per query in the partial lists. bsm: the dynamic shared memory (batch_smem). */
 template <int NT>
 __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q_l2, unsigned blk, unsigned G,
-                                 uint4 *bsm) {
+                                 uint4 *bsm, bool prof = false) {
     constexpr unsigned QR = NT * 8;
     uint4 *sq = bsm;                                                   /* QR x qstride */
     long long *cid = reinterpret_cast<long long *>(bsm + QR * p.qstride); /* QR x CB */
@@ -603,6 +624,13 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
     const unsigned long long start = (unsigned long long)blk * p.rows_per_block;
     unsigned long long end = start + p.rows_per_block;
     if (end > p.rows) end = p.rows;
+    /* One query tile (the single-request latency path) also: loads the next round's first stage before
+     * this round's admission and barriers, so they overlap a memory trip, and keeps two accumulator chains
+     * (one mma chain of 2 x nchunk steps otherwise). Two tiles have two chains already, and the registers
+     * for either would spill (measured together at 100k x 768: scan 48.7 -> 45.5 us). */
+    constexpr bool kPrefetch = NT == 1, kAcc2 = NT == 1;
+    uint4 a0[TR_BQ_STAGE], b0[TR_BQ_STAGE];
+    bool prefetched = false;
     for (unsigned long long base = start; base < end; base += TR_BQ_ROUND) {
         const unsigned long long row0 = base + warp * 16ull;
         if (row0 < end) { /* warp-uniform */
@@ -613,17 +641,24 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
             float acc[NT][4];
 #pragma unroll
             for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+            float acc2[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) acc2[n][0] = acc2[n][1] = acc2[n][2] = acc2[n][3] = 0.f;
             /* two register stages: the next TR_BQ_STAGE chunks are in flight while the mmas consume
              * the current ones, so the row stream never waits a whole memory round trip between
              * waves (one 8-chunk wave at a time left HBM idle between them) */
-            auto load = [&](unsigned c0, uint4 (&a)[TR_BQ_STAGE], uint4 (&b)[TR_BQ_STAGE]) {
+            auto load_from = [&](unsigned c0, uint4 (&a)[TR_BQ_STAGE], uint4 (&b)[TR_BQ_STAGE], const uint4 *fg,
+                                 const uint4 *fh, bool lg, bool lh) {
 #pragma unroll
                 for (int u = 0; u < TR_BQ_STAGE; u++) {
                     const unsigned cc = (c0 + u) * 4u + t;
                     const bool ok = cc < p.nvec; /* also false past the last chunk: no load */
-                    a[u] = (ok && vg) ? __ldg(xg + cc) : make_uint4(0, 0, 0, 0);
-                    b[u] = (ok && vh) ? __ldg(xh + cc) : make_uint4(0, 0, 0, 0);
+                    a[u] = (ok && lg) ? __ldg(fg + cc) : make_uint4(0, 0, 0, 0);
+                    b[u] = (ok && lh) ? __ldg(fh + cc) : make_uint4(0, 0, 0, 0);
                 }
+            };
+            auto load = [&](unsigned c0, uint4 (&a)[TR_BQ_STAGE], uint4 (&b)[TR_BQ_STAGE]) {
+                load_from(c0, a, b, xg, xh, vg, vh);
             };
             auto multiply = [&](unsigned c0, const uint4 (&a)[TR_BQ_STAGE], const uint4 (&b)[TR_BQ_STAGE]) {
 #pragma unroll
@@ -634,24 +669,41 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
                         for (int n = 0; n < NT; n++) {
                             const uint4 qv = sq[(n * 8 + g) * p.qstride + cc];
                             mma16816(acc[n], a[u].x, b[u].x, a[u].y, b[u].y, qv.x, qv.y);
-                            mma16816(acc[n], a[u].z, b[u].z, a[u].w, b[u].w, qv.z, qv.w);
+                            mma16816(kAcc2 ? acc2[n] : acc[n], a[u].z, b[u].z, a[u].w, b[u].w, qv.z, qv.w);
                         }
                     }
                 }
             };
-            uint4 a0[TR_BQ_STAGE], b0[TR_BQ_STAGE], a1[TR_BQ_STAGE], b1[TR_BQ_STAGE];
-            load(0, a0, b0);
+            uint4 a1[TR_BQ_STAGE], b1[TR_BQ_STAGE];
+            if (!prefetched) load(0, a0, b0);
+            /* ids and namespaces load beside the rows, not after the scores (one memory trip fewer) */
+            const long long idg = vg ? (long long)p.ids[rg] : 0, idh = vh ? (long long)p.ids[rh] : 0;
+            uint64_t nsg = 0, nsh = 0;
+            if (p.any_filter) {
+                nsg = vg ? p.ns[rg] : 0;
+                nsh = vh ? p.ns[rh] : 0;
+            }
             for (unsigned c0 = 0; c0 < p.nchunk; c0 += 2 * TR_BQ_STAGE) {
                 load(c0 + TR_BQ_STAGE, a1, b1);
                 multiply(c0, a0, b0);
                 load(c0 + 2 * TR_BQ_STAGE, a0, b0);
                 multiply(c0 + TR_BQ_STAGE, a1, b1);
             }
-            uint64_t nsg = 0, nsh = 0;
-            if (p.any_filter) {
-                nsg = vg ? p.ns[rg] : 0;
-                nsh = vh ? p.ns[rh] : 0;
+            if constexpr (kPrefetch) {
+                const unsigned long long ng = rg + TR_BQ_ROUND, nh = rh + TR_BQ_ROUND;
+                prefetched = row0 + TR_BQ_ROUND < end; /* warp-uniform */
+                if (prefetched) {
+                    const bool lg = ng < end, lh = nh < end;
+                    load_from(0, a0, b0, p.X + (lg ? ng : 0) * p.nvec, p.X + (lh ? nh : 0) * p.nvec, lg, lh);
+                }
             }
+            if constexpr (kAcc2) {
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[n][e] += acc2[n][e];
+            }
+
 #pragma unroll
             for (int n = 0; n < NT; n++) {
 #pragma unroll
@@ -666,7 +718,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
                         if (sc >= thr[qi]) {
                             const unsigned pos = atomicAdd(&cnt[qi], 1u);
                             cs[qi * TR_BQ_CB + pos] = sc;
-                            cid[qi * TR_BQ_CB + pos] = (long long)p.ids[hi ? rh : rg];
+                            cid[qi * TR_BQ_CB + pos] = hi ? idh : idg;
                         }
                     }
                 }
@@ -685,7 +737,9 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
             }
         }
         __syncthreads();
+        if (base == start) prof_clock(prof, TR_PH_ROUND1 + 1);
     }
+    prof_clock(prof, TR_PH_ROUNDS + 1);
     for (unsigned qi = warp; qi < p.nq; qi += TR_CUDA_WARPS) {
         const unsigned m = warp_select_block(cs + qi * TR_BQ_CB, cid + qi * TR_BQ_CB, cnt[qi], p.bq[qi].k);
         const size_t o = ((size_t)qi * G + blk) * TR_BQ_MAX_K;
@@ -883,6 +937,7 @@ struct PersistCtl {                    /* device memory, zeroed before each laun
     unsigned ticket;                   /* scan tickets (atomicInc wraps it back to 0) */
     unsigned merge_go;                 /* seq whose per-query merges may start */
     unsigned merge_ticket;
+    unsigned long long go_ns;          /* profile: %globaltimer when block 0 raised go */
 };
 
 __host__ __device__ inline unsigned persist_next_seq(unsigned s) {
@@ -913,7 +968,8 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
-persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl, unsigned seq, unsigned nvec) {
+persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl, unsigned seq, unsigned nvec,
+               unsigned long long *phase) {
     extern __shared__ uint4 bsm[];
     __shared__ PersistReq sreq;
     __shared__ unsigned s_word;
@@ -923,6 +979,7 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
     __shared__ float wmax[TR_CUDA_WARPS];
     const unsigned tid = threadIdx.x, blk = blockIdx.x, nblocks = gridDim.x;
     const uint4 *mq = reinterpret_cast<const uint4 *>(mb + 1);
+    const bool prof = phase != nullptr; /* TR_CUDA_PROFILE=1: per-block phases (TR_PH_*) */
     constexpr unsigned NREQ = sizeof(PersistReq) / sizeof(uint4);
     const unsigned qstride = (nvec + 3) / 4 * 4 + 1; /* BatchParams::qstride */
     uint4 *sq = bsm;                                  /* the scan's staged queries (batch_scan_block) */
@@ -944,6 +1001,10 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
                 unsigned g;
                 while (((g = ld_acquire_gpu(&ctl->go)) >> 8) != seq) __nanosleep(32);
                 s_word = g;
+            }
+            if (prof) {
+                tr_clk[0] = clock64();
+                tr_clk[TR_PH_CYCLES + 1] = blk == 0 ? t_seen : global_ns();
             }
         }
         __syncthreads(); /* with tid 0's acquire: the loads below see what the word or go published */
@@ -976,23 +1037,37 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
                     if (profile) {
                         mb->stamp[0] = t_seen;
                         mb->stamp[1] = global_ns();
+                        if (prof) ctl->go_ns = mb->stamp[1];
                     }
                     st_release_gpu(&ctl->go, s_word);
                 }
             }
         }
         __syncthreads();
+        if (prof && tid == 0) tr_clk[1] = tr_clk[2] = tr_clk[3] = clock64();
         const unsigned nq = sreq.nq, G = sreq.G;
         if (nq == 0) return; /* stop */
         const BatchParams &p = sreq.p;
         if (blk < G) {
-            if (nq <= 8) batch_scan_block<1>(p, nullptr, true, blk, G, bsm);
-            else batch_scan_block<2>(p, nullptr, true, blk, G, bsm);
+            if (nq <= 8) batch_scan_block<1>(p, nullptr, true, blk, G, bsm, prof);
+            else batch_scan_block<2>(p, nullptr, true, blk, G, bsm, prof);
         }
         __syncthreads();
         if (tid == 0) {
+            prof_clock(prof, TR_PH_LISTS + 1);
             __threadfence(); /* this block's lists are visible device-wide before its ticket */
+            prof_clock(prof, TR_PH_FENCE + 1);
             is_last = atomicInc(&ctl->ticket, nblocks - 1) == nblocks - 1;
+            if (prof) {
+                tr_clk[TR_PH_TICKET + 1] = clock64();
+                unsigned long long *ph = phase + (size_t)blk * TR_PH_SLOTS;
+                for (int i = 0; i <= TR_PH_TICKET; i++) ph[i] += (unsigned long long)(tr_clk[i + 1] - tr_clk[i]);
+                ph[TR_PH_CYCLES] += (unsigned long long)(tr_clk[TR_PH_TICKET + 1] - tr_clk[0]);
+                const unsigned long long seen = (unsigned long long)tr_clk[TR_PH_CYCLES + 1];
+                ph[TR_PH_NS] += global_ns() - seen;
+                if (blk) ph[TR_PH_GO_NS] += seen - ctl->go_ns;
+                ph[TR_PH_COUNT] += 1;
+            }
             if (is_last) __threadfence(); /* acquire: every block's lists, for the barrier's readers */
         }
         __syncthreads();
@@ -1102,6 +1177,8 @@ typedef struct cuda_backend {
     PersistReq *pdreq;     /* device copies of the batch */
     uint4 *pdq;
     PersistCtl *pctl;
+    unsigned long long *pphase; /* profile: pgrid x TR_PH_SLOTS per-block phase sums (device) */
+    unsigned pG;                /* profile: scanning blocks of the last batch */
 } cuda_backend;
 
 static void cuda_destroy(void *self);
@@ -1260,6 +1337,11 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         b->verbose = v && v[0] == '1';
         const char *pf = getenv("TR_CUDA_PROFILE");
         b->profile = pf && pf[0] == '1';
+        if (b->profile && b->persist_ok) {
+            const size_t bytes = (size_t)b->pgrid * TR_PH_SLOTS * sizeof(unsigned long long);
+            CREATE_TRY(cudaMalloc(&b->pphase, bytes));
+            CREATE_TRY(cudaMemset(b->pphase, 0, bytes));
+        }
         if (b->verbose) {
             if (b->persist_ok) fprintf(stderr, "tr-sidecar: cuda: persistent kernel on (%u blocks)\n", b->pgrid);
             else fprintf(stderr, "tr-sidecar: cuda: persistent kernel off (launch per request)\n");
@@ -1283,7 +1365,7 @@ static void cuda_destroy(void *self) {
     cudaFree(b->X); cudaFree(b->ids); cudaFree(b->ns);
     cudaFree(b->part_s); cudaFree(b->part_id); cudaFree(b->part_n); cudaFree(b->done);
     cudaFree(b->bpart_s); cudaFree(b->bpart_id); cudaFree(b->bpart_n); cudaFree(b->bdone); cudaFree(b->dq);
-    cudaFree(b->pdreq); cudaFree(b->pdq); cudaFree(b->pctl);
+    cudaFree(b->pdreq); cudaFree(b->pdq); cudaFree(b->pctl); cudaFree(b->pphase);
     if (b->pmb) cudaFreeHost(b->pmb);
     if (b->hq16) cudaFreeHost(b->hq16);
     if (b->hq) cudaFreeHost(b->hq);
@@ -1618,7 +1700,7 @@ static void set_batch_query(BatchParams &p, uint32_t j, const tr_search_request 
 static int persist_start(cuda_backend *b, char *err, size_t errlen) {
     CUDA_TRY(cudaMemsetAsync(b->pctl, 0, sizeof(PersistCtl), b->stream));
     unsigned seq = b->pseq, nvec = b->nvec;
-    void *args[] = {&b->pmb_dev, &b->pdreq, &b->pdq, &b->pctl, &seq, &nvec};
+    void *args[] = {&b->pmb_dev, &b->pdreq, &b->pdq, &b->pctl, &seq, &nvec, &b->pphase};
     cudaError_t e = cudaLaunchCooperativeKernel((const void *)persist_kernel, dim3(b->pgrid), dim3(TR_CUDA_BLOCK), args,
                                                 b->psmem, b->stream);
     if (e != cudaSuccess) {
@@ -1638,6 +1720,51 @@ static uint64_t host_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Logs the per-block phases (TR_PH_*) added up since the last stop and clears them: the scanning
+ * blocks' mean and their slowest block's mean, and the other blocks' mean (they only take a ticket). */
+static void log_block_phases(cuda_backend *b) {
+    const size_t n = (size_t)b->pgrid * TR_PH_SLOTS;
+    unsigned long long *h = (unsigned long long *)calloc(n, sizeof *h);
+    if (!h || cudaMemcpy(h, b->pphase, n * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(h);
+        return;
+    }
+    double cyc = 0, ns = 0;
+    for (unsigned blk = 0; blk < b->pgrid; blk++) {
+        cyc += (double)h[blk * TR_PH_SLOTS + TR_PH_CYCLES];
+        ns += (double)h[blk * TR_PH_SLOTS + TR_PH_NS];
+    }
+    const double us_per_cycle = cyc > 0 ? ns / cyc / 1e3 : 0;
+    static const char *names[] = {"stage", "round 1", "more rounds", "lists", "fence", "ticket"};
+    char line[1024];
+    int at = snprintf(line, sizeof line, "tr-sidecar: cuda: block phases, mean us per batch (scanning blocks "
+                      "mean/slowest, %u of %u; others mean; %.3f GHz):", b->pG, b->pgrid,
+                      us_per_cycle > 0 ? 1e-3 / us_per_cycle : 0.0);
+    for (int i = 0; i <= TR_PH_GO_NS && at < (int)sizeof line; i++) {
+        if (i == TR_PH_CYCLES || i == TR_PH_NS) continue;
+        double sum_s = 0, max_s = 0, sum_o = 0;
+        unsigned ns_ = 0, no = 0;
+        for (unsigned blk = 0; blk < b->pgrid; blk++) {
+            const unsigned long long *ph = h + blk * TR_PH_SLOTS;
+            if (!ph[TR_PH_COUNT]) continue;
+            const double v = (double)ph[i] / (double)ph[TR_PH_COUNT] * (i == TR_PH_GO_NS ? 1e-3 : us_per_cycle);
+            if (blk < b->pG) {
+                sum_s += v;
+                if (v > max_s) max_s = v;
+                ns_++;
+            } else {
+                sum_o += v;
+                no++;
+            }
+        }
+        at += snprintf(line + at, sizeof line - at, " %s %.2f/%.2f|%.2f;", i == TR_PH_GO_NS ? "go seen" : names[i],
+                       ns_ ? sum_s / ns_ : 0.0, max_s, no ? sum_o / no : 0.0);
+    }
+    fprintf(stderr, "%s\n", line);
+    free(h);
+    cudaMemset(b->pphase, 0, n * sizeof *h);
 }
 
 static void persist_profile(cuda_backend *b) {
@@ -1694,6 +1821,7 @@ static int persist_stop(cuda_backend *b, const char *why, char *err, size_t errl
                 b->prof_sum[0] / n / 1e3, b->prof_sum[1] / n / 1e3, b->prof_sum[2] / n / 1e3, b->prof_sum[3] / n / 1e3);
         memset(b->prof_sum, 0, sizeof b->prof_sum);
         b->prof_n = 0;
+        log_block_phases(b);
     }
     b->pbatches = 0;
     return 0;
@@ -1738,6 +1866,7 @@ static int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, 
     }
     pr->nq = total;
     pr->profile = (unsigned)b->profile;
+    b->pG = pr->G;
     p.q = b->pdq;
     p.out_hits = reinterpret_cast<unsigned *>(reinterpret_cast<unsigned char *>(b->pmb_dev) +
                                               offsetof(PersistMailbox, hits));
