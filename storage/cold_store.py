@@ -195,7 +195,7 @@ class ColdStore:
         self._follower: LogFollower | None = None
         self._wal_flush_rows = wal_flush_rows
         self._wal_flush_s = float(wal_flush_s)
-        self._wal_unflushed = 0  # rows this process logged since its last flush (wakes the flusher)
+        self._wal_unflushed = 0  # operations this process logged that no flush has consumed yet (wakes the flusher)
         # The newest logged operation of each id not yet flushed, as this process followed the log: id -> (gen, offset,
         # Rows or None for a delete, row index). get() answers from it without forcing a flush.
         self._unflushed: dict[int, tuple] = {}
@@ -725,6 +725,13 @@ class ColdStore:
             return 0
         with self._wal.locked():
             gen, records, end = self._guard("read the write-ahead log", self._wal.pending)
+            # Every operation this process counted so far is in `records` (both are read under the append lock),
+            # so this flush consumes exactly that many of them. Counting down by the ids committed instead let the
+            # count drift up whenever an id had several operations in one generation (add then delete: two logged,
+            # one committed), until every single write woke the flusher: one LanceDB commit per write.
+            consumed = self._wal_unflushed
+            if not records:  # another process's flush took them
+                self._wal_unflushed = 0
         if not records:
             return 0
         t0 = time.perf_counter()
@@ -767,13 +774,13 @@ class ColdStore:
                                    .when_not_matched_insert_all().execute(batch)).version
         with self._wal.locked():
             self._guard("rotate the write-ahead log", lambda: self._wal.rotate(gen, end, pre, version))
+            self._wal_unflushed -= consumed  # what was logged during the commit stays counted
         with self._lock:
             if not self._closed:
                 if self._lagging_reads:  # this process's reads see its own flush, as they saw its own commits
                     self._guard("refresh the table", self._table.checkout_latest)
                 self._follow_log_locked()  # the rotation: the mirror now reflects the flush's table version
         flushed = int(keep.shape[0] + delete_ids.shape[0])
-        self._wal_unflushed = max(0, self._wal_unflushed - flushed)
         self._wal_flushes += 1
         self._wal_flushed_rows += flushed
         self._wal_last_flush_s = time.perf_counter() - t0

@@ -373,3 +373,21 @@ def test_log_format_round_trips_and_rejects_a_bad_header(tmp_path):
         os.close(fd)
         wal.close()
     assert HEADER_SIZE == 60
+
+
+def test_a_flush_counts_down_the_operations_it_consumed_not_the_ids_it_committed(tmp_path):
+    # Pairs of add and delete of one id log two operations and commit one id. Counted down by ids, this process's
+    # count of pending operations (what wakes the flusher at wal_flush_rows) drifted up by one per pair, until
+    # every write woke the flusher: one LanceDB commit per write. stats() flushes first, so the count is read here.
+    with ColdStore(tmp_path / "cold", dim=DIM, wal_flush_rows=1000, wal_flush_s=3600, background=False) as store:
+        for _ in range(20):
+            _add(store, [7])
+            assert store.delete([7]) == 1
+        assert store._wal_unflushed == 40
+        assert store.flush() == 1  # the last operation of id 7: its delete
+        assert store._wal_unflushed == 0
+        _add(store, [1, 2, 3])
+        assert store._wal_unflushed == 3
+        assert store.flush() == 3 and store._wal_unflushed == 0
+        assert store.flush() == 0 and store._wal_flushes == 2
+        check_store(store, {1, 2, 3}, {7})
