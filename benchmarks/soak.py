@@ -17,7 +17,9 @@ so growth per operation can be told from a one-time step. Once the workers have 
 process opens it as they left it and does the same warm-up: its RSS is what the store's data at the end asks of
 a worker, so a worker's "after" above it is growth the data does not explain; it then runs one flush and one
 maintenance pass and the warm-up again (every worker of a long run has been through those), a second figure for
-the steady state. Both also report their RSS after glibc's malloc_trim(0), which tells memory the allocator kept
+the steady state. Each worker and that process also report after --settle-s idle seconds (default 15; the store
+open, no operations): LanceDB's runtime starts threads for bursts of work (compaction, cleanup) and ends them
+after about 10 idle seconds, and each keeps its stack and glibc's per-thread cache of freed blocks until then. Both also report their RSS after glibc's malloc_trim(0), which tells memory the allocator kept
 after it was freed from memory still in use, split into anonymous memory (what a process holds) and file-backed
 pages (mapped code: LanceDB's first flush maps ~16 MB more of its library, which no allocator can give back).
 Finally, after every process has closed the store: is the sidecar gone, is /dev/shm as it was at the start, and
@@ -65,6 +67,7 @@ def embed(texts):
 
 DEVICE = os.environ.get("TR_SOAK_DEVICE", "cpu")  # --device sets it; spawned workers inherit the environment
 LANCE_CACHE_MIB = os.environ.get("TR_SOAK_LANCE_CACHE_MIB")  # --lance-cache-mib (diagnostic), inherited likewise
+SETTLE_S = float(os.environ.get("TR_SOAK_SETTLE_S", "15"))  # --settle-s, inherited likewise
 BOUNDED_ALLOCATORS = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}  # --bounded-allocators
 
 
@@ -316,7 +319,8 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
             done_ops[worker] = i + 1  # progress for the parent's log (no lock: one writer per cell)
         if (i + 1) % every == 0:
             trajectory.append((i + 1, round(time.monotonic() - t0, 1), rss_kb(me), fds(me)))
-    elapsed = time.monotonic() - t0
+    finished_at = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
+    elapsed = finished_at - t0
     if prof is not None:
         prof.disable()
         prof.dump_stats(os.path.join(profile_dir, f"worker{worker}.prof"))
@@ -324,15 +328,27 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     after["rss_kb_trimmed"] = trimmed_rss_kb()
     after["rss_parts_trimmed"] = rss_parts_kb(me)
     after["cached_memories"] = memory.stats()["cached_memories"]
+    after["settled"] = _settled(me)
     after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
+               "finished_at": finished_at,
                "write_lock": {k: [mix.lock_n[k], mix.lock_wait_s[k], mix.lock_held_s[k]] for k in KINDS},
                "before": before, "after": after, "trajectory": trajectory, "rows_mine": len(mix.mine)})
     done_barrier.wait()  # the parent takes "after" now, with every worker still attached
     close_barrier.wait()
     memory.close()
+
+
+def _settled(me: int) -> dict | None:
+    """After SETTLE_S idle seconds (no operations; the store stays open): the threads LanceDB's runtime started for
+    a burst of work exit once idle (about 10 s), and with them their stacks and glibc's per-thread caches of freed
+    blocks. What a long-lived process holds between bursts, beside what it holds right after one."""
+    if not SETTLE_S:
+        return None
+    time.sleep(SETTLE_S)
+    return {"threads": threads(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me)}
 
 
 def _without_memory_cache(memory, me: int) -> dict | None:
@@ -364,7 +380,8 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
     for _ in range(warmup):
         mix.step()
     steady = {"rss_kb": rss_kb(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me),
-              "cached_memories": memory.stats()["cached_memories"]}
+              "cached_memories": memory.stats()["cached_memories"], "threads": threads(me)}
+    steady["settled"] = _settled(me)
     steady["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     queue.put({"reference": snap, "after_maintenance": steady, "errors": mix.counts["errors"]})
     memory.close()
@@ -426,7 +443,8 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                           f"({(n - last[1]) / (now - last[0]):.0f} ops/s lately; {len(results)}/{processes} workers done), "
                           f"worker RSS MB {[round((rss_kb(p.pid) or 0) / 1024) for p in procs]}", file=sys.stderr, flush=True)
                     last = (now, n)
-        elapsed = time.monotonic() - t_warm
+        # the last worker's last operation, not its report (which comes after --settle-s idle seconds)
+        elapsed = max([r["finished_at"] for r in results], default=time.monotonic()) - t_warm
         done_b.wait(timeout=600)
         for _ in range(50):
             memory.search("coffee", k=5)
@@ -498,6 +516,7 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                      "rss_kb_after_malloc_trim": r["after"].get("rss_kb_trimmed"),
                      "rss_parts_kb_after_malloc_trim": r["after"].get("rss_parts_trimmed"),
                      "cached_memories": r["after"].get("cached_memories"),
+                     "after_settling": r["after"].get("settled"),
                      "rss_parts_kb_without_memory_cache": r["after"].get("rss_parts_trimmed_without_cache"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
@@ -525,6 +544,9 @@ def main() -> None:
                     help="the sidecar's backend (cuda on a GPU machine measures GPU memory before and after)")
     ap.add_argument("--lance-cache-mib", type=float, default=None,
                     help="diagnostic: cap LanceDB's metadata and index caches per process at this many MiB")
+    ap.add_argument("--settle-s", type=float, default=15.0,
+                    help="after the run, each worker and the fresh process also report after this many idle seconds "
+                         "(store open, no operations): LanceDB's idle worker threads have exited by then (0: skip)")
     ap.add_argument("--bounded-allocators", action="store_true",
                     help="run the workers and the sidecar with the README's settings for long-lived processes: "
                          "MALLOC_ARENA_MAX=2 and ARROW_DEFAULT_MEMORY_POOL=system (unless already set), so glibc's "
@@ -534,8 +556,10 @@ def main() -> None:
         for name, value in BOUNDED_ALLOCATORS.items():
             os.environ.setdefault(name, value)  # spawned workers read them when they start
 
-    global DEVICE, LANCE_CACHE_MIB
+    global DEVICE, LANCE_CACHE_MIB, SETTLE_S
     DEVICE = os.environ["TR_SOAK_DEVICE"] = args.device
+    SETTLE_S = args.settle_s
+    os.environ["TR_SOAK_SETTLE_S"] = str(args.settle_s)
     if args.lance_cache_mib is not None:
         LANCE_CACHE_MIB = os.environ["TR_SOAK_LANCE_CACHE_MIB"] = str(args.lance_cache_mib)
     if args.profile:
@@ -556,6 +580,11 @@ def main() -> None:
           f"fresh process {parts(r['fresh_process_on_final_store']['rss_parts_kb_after_malloc_trim'])}, "
           f"and after one flush + maintenance pass and the warm-up again: {parts(steady.get('rss_parts_trimmed'))} "
           f"(RSS {mb(steady.get('rss_kb_trimmed'))})", file=sys.stderr)
+    settled = [w.get("after_settling") or {} for w in r["workers"]]
+    print(f"[soak] after {SETTLE_S:g} idle s, after malloc_trim, MB: workers "
+          f"{[parts(w.get('rss_parts_trimmed')) for w in settled]} with {[w.get('threads') for w in settled]} threads; "
+          f"fresh process after maintenance {parts((steady.get('settled') or {}).get('rss_parts_trimmed'))} with "
+          f"{(steady.get('settled') or {}).get('threads')} threads (right after: {steady.get('threads')})", file=sys.stderr)
     print(f"[soak] TieredMemory's cache of returned rows (texts, metadata): workers hold "
           f"{[w['cached_memories'] for w in r['workers']]} rows, and without it, after malloc_trim: "
           f"{[parts(w['rss_parts_kb_without_memory_cache']) for w in r['workers']]}; the fresh process held "
