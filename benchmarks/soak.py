@@ -201,6 +201,24 @@ def trimmed_rss_kb() -> int | None:
     return rss_kb(os.getpid())
 
 
+def malloc_kb() -> dict | None:
+    """glibc's own account of this process's heap (mallinfo2, every arena): in_use = blocks the program holds (small
+    and mmapped), free_held = freed blocks the allocator keeps. Anonymous RSS well above in_use + free_held is
+    memory no malloc call holds (thread stacks, other mappings); in_use above a fresh process's is live data."""
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = Mallinfo2
+    m = fn()
+    return {"in_use": (m.uordblks + m.hblkhd) // 1024, "free_held": m.fordblks // 1024, "mmapped": m.hblkhd // 1024}
+
+
 def _snap(pid: int, tmp: str) -> dict:
     return {"rss_kb": rss_kb(pid), "fds": fds(pid), "threads": threads(pid), "fd_kinds": fd_kinds(pid, tmp)}
 
@@ -327,6 +345,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     after = _snap(me, tmp)
     after["rss_kb_trimmed"] = trimmed_rss_kb()
     after["rss_parts_trimmed"] = rss_parts_kb(me)
+    after["malloc"] = malloc_kb()
     after["cached_memories"] = memory.stats()["cached_memories"]
     after["settled"] = _settled(me)
     after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
@@ -348,7 +367,8 @@ def _settled(me: int) -> dict | None:
     if not SETTLE_S:
         return None
     time.sleep(SETTLE_S)
-    return {"threads": threads(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me)}
+    return {"threads": threads(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me),
+            "malloc": malloc_kb()}
 
 
 def _without_memory_cache(memory, me: int) -> dict | None:
@@ -380,7 +400,7 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
     for _ in range(warmup):
         mix.step()
     steady = {"rss_kb": rss_kb(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me),
-              "cached_memories": memory.stats()["cached_memories"], "threads": threads(me)}
+              "cached_memories": memory.stats()["cached_memories"], "threads": threads(me), "malloc": malloc_kb()}
     steady["settled"] = _settled(me)
     steady["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     queue.put({"reference": snap, "after_maintenance": steady, "errors": mix.counts["errors"]})
@@ -516,6 +536,7 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                      "rss_kb_after_malloc_trim": r["after"].get("rss_kb_trimmed"),
                      "rss_parts_kb_after_malloc_trim": r["after"].get("rss_parts_trimmed"),
                      "cached_memories": r["after"].get("cached_memories"),
+                     "malloc_kb_after_malloc_trim": r["after"].get("malloc"),
                      "after_settling": r["after"].get("settled"),
                      "rss_parts_kb_without_memory_cache": r["after"].get("rss_parts_trimmed_without_cache"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
@@ -585,6 +606,10 @@ def main() -> None:
           f"{[parts(w.get('rss_parts_trimmed')) for w in settled]} with {[w.get('threads') for w in settled]} threads; "
           f"fresh process after maintenance {parts((steady.get('settled') or {}).get('rss_parts_trimmed'))} with "
           f"{(steady.get('settled') or {}).get('threads')} threads (right after: {steady.get('threads')})", file=sys.stderr)
+    heap = lambda d: f"in use {mb((d or {}).get('in_use'))}, free kept {mb((d or {}).get('free_held'))}"  # noqa: E731
+    print(f"[soak] glibc's heap after malloc_trim (mallinfo2), MB: workers "
+          f"{[heap(w.get('malloc_kb_after_malloc_trim')) for w in r['workers']]}; fresh process after maintenance "
+          f"{heap(steady.get('malloc'))}", file=sys.stderr)
     print(f"[soak] TieredMemory's cache of returned rows (texts, metadata): workers hold "
           f"{[w['cached_memories'] for w in r['workers']]} rows, and without it, after malloc_trim: "
           f"{[parts(w['rss_parts_kb_without_memory_cache']) for w in r['workers']]}; the fresh process held "
