@@ -626,8 +626,8 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
     if (end > p.rows) end = p.rows;
     /* One query tile (the single-request latency path) also: loads the next round's first stage before
      * this round's admission and barriers, so they overlap a memory trip, and keeps two accumulator chains
-     * (one mma chain of 2 x nchunk steps otherwise). Two tiles have two chains already, and the registers
-     * for either would spill (measured together at 100k x 768: scan 48.7 -> 45.5 us). */
+     * (one mma chain of 2 x nchunk steps otherwise). Two tiles have two chains already, and the prefetch's
+     * registers spilled there (measured together at 100k x 768: scan 48.7 -> 45.5 us). */
     constexpr bool kPrefetch = NT == 1, kAcc2 = NT == 1;
     uint4 a0[TR_BQ_STAGE], b0[TR_BQ_STAGE];
     bool prefetched = false;
@@ -703,7 +703,6 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[n][e] += acc2[n][e];
             }
-
 #pragma unroll
             for (int n = 0; n < NT; n++) {
 #pragma unroll
