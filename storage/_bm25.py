@@ -2,7 +2,9 @@
 
 An inverted index of growable numpy posting arrays: single-row adds and deletes cost a few dictionary
 updates, document frequencies stay exact, deleted rows never score, and dead postings are dropped once
-they are half of the index. Scores follow Okapi BM25 with a lower length normalisation (b=0.4) than usual,
+they are half of the index. A term no live row holds any more leaves the vocabulary at once and its id is
+reused: texts that carry one-off tokens (numbers, timestamps, names) would otherwise grow the vocabulary
+with every memory ever added, deleted or not. Scores follow Okapi BM25 with a lower length normalisation (b=0.4) than usual,
 which suits short conversational turns.
 """
 from __future__ import annotations
@@ -32,6 +34,10 @@ def tokenize(text: str) -> list[str]:
     return [_stem(t) for t in _TOKEN.findall(text.lower()) if t not in _STOPWORDS]
 
 
+_NO_SLOTS = np.empty(0, np.int64)  # shared by every free term and every dead slot's term list (never written)
+_NO_TF = np.empty(0, np.float32)
+
+
 class Bm25Index:
     """BM25 over (id, namespace, text) rows; upsert by id."""
 
@@ -47,7 +53,9 @@ class Bm25Index:
         self._ns = np.empty(1024, np.int32)
         self._len = np.empty(1024, np.float32)
         self._alive = np.zeros(1024, bool)
-        self._terms: list[np.ndarray] = []  # unique term ids per slot (for exact df on delete)
+        self._tokens: list[str | None] = []  # per term id (None: free, in _free_terms)
+        self._free_terms: list[int] = []
+        self._terms: list[np.ndarray] = []  # unique term ids per slot (for exact df on delete; dead slots: none)
         self._slot: dict[int, int] = {}
         self._ns_code: dict[str, int] = {}
         self._live_len = 0.0
@@ -55,6 +63,11 @@ class Bm25Index:
     @property
     def live_rows(self) -> int:
         return len(self._slot)
+
+    def stats(self) -> dict:
+        """Live rows, slots (live rows plus deleted ones not yet compacted away) and terms in the vocabulary."""
+        return {"live_rows": self.live_rows, "slots": self._n, "terms": len(self._vocab),
+                "term_ids": len(self._tokens)}
 
     def _grow(self, need: int) -> None:
         cap = self._ids.shape[0]
@@ -69,16 +82,34 @@ class Bm25Index:
 
     def _term(self, token: str) -> int:
         tid = self._vocab.get(token)
-        if tid is None:
-            tid = self._vocab[token] = len(self._post_slots)
-            self._post_slots.append(np.empty(4, np.int64))
-            self._post_tf.append(np.empty(4, np.float32))
+        if tid is not None:
+            return tid
+        if self._free_terms:
+            tid = self._free_terms.pop()
+            self._tokens[tid] = token
+        else:
+            tid = len(self._tokens)
+            self._tokens.append(token)
+            self._post_slots.append(_NO_SLOTS)
+            self._post_tf.append(_NO_TF)
             self._post_used.append(0)
             if tid >= self._df.shape[0]:
                 df = np.zeros(2 * self._df.shape[0], np.int64)
                 df[: self._df.shape[0]] = self._df
                 self._df = df
+        self._vocab[token] = tid
         return tid
+
+    def _free_dead_terms(self, terms: np.ndarray) -> None:
+        """Terms among these that no live row holds any more (df 0) leave the vocabulary; their ids are reused.
+        Their postings name dead slots only, so they go too."""
+        for tid in terms[self._df[terms] == 0].tolist():
+            del self._vocab[self._tokens[tid]]
+            self._tokens[tid] = None
+            self._post_slots[tid] = _NO_SLOTS
+            self._post_tf[tid] = _NO_TF
+            self._post_used[tid] = 0
+            self._free_terms.append(tid)
 
     def upsert(self, ids: Sequence[int], namespaces: Sequence[str], texts: Sequence[str]) -> None:
         ids = [int(i) for i in ids]
@@ -95,8 +126,9 @@ class Bm25Index:
             for tid, tf in counts.items():
                 used = self._post_used[tid]
                 if used == self._post_slots[tid].shape[0]:
-                    self._post_slots[tid] = np.concatenate([self._post_slots[tid], np.empty(used, np.int64)])
-                    self._post_tf[tid] = np.concatenate([self._post_tf[tid], np.empty(used, np.float32)])
+                    extra = max(4, used)
+                    self._post_slots[tid] = np.concatenate([self._post_slots[tid], np.empty(extra, np.int64)])
+                    self._post_tf[tid] = np.concatenate([self._post_tf[tid], np.empty(extra, np.float32)])
                 self._post_slots[tid][used] = slot
                 self._post_tf[tid][used] = tf
                 self._post_used[tid] = used + 1
@@ -118,7 +150,10 @@ class Bm25Index:
             if slot is None:
                 continue
             self._alive[slot] = False
-            self._df[self._terms[slot]] -= 1
+            terms = self._terms[slot]
+            self._terms[slot] = _NO_SLOTS
+            self._df[terms] -= 1
+            self._free_dead_terms(terms)
             self._live_len -= float(self._len[slot])
             removed += 1
         if removed and self._n > 1024 and self.live_rows < self._n // 2:
@@ -130,6 +165,8 @@ class Bm25Index:
         new_of_old[keep] = np.arange(keep.shape[0])
         for tid in range(len(self._post_slots)):
             used = self._post_used[tid]
+            if used == 0:
+                continue
             slots = self._post_slots[tid][:used]
             live = self._alive[slots]
             self._post_slots[tid] = new_of_old[slots[live]]

@@ -67,6 +67,35 @@ def test_bm25_compaction_keeps_answers():
     assert sorted(ids.tolist()) == [i for i in range(2000, n) if i % 50 == 7]
 
 
+def test_bm25_vocabulary_holds_only_terms_of_live_rows_and_answers_like_a_fresh_index():
+    # Texts with one-off tokens (here a number per memory), added and deleted for a long time: the vocabulary
+    # must not keep every token ever seen (the soak's workers grew by tens of MB that way).
+    rng = np.random.default_rng(7)
+    words = "apple river mountain coffee train doctor".split()
+    bm, live, gone, next_id = Bm25Index(), {}, [], 0
+    for step in range(6000):
+        if rng.random() < 0.6 or not live:
+            text = " ".join(rng.choice(words, 3)) + f" note {step}"
+            bm.upsert([next_id], ["a" if step % 2 else "b"], [text])
+            live[next_id] = text
+            next_id += 1
+        else:
+            victim = list(live)[int(rng.integers(len(live)))]
+            bm.remove([victim])
+            gone.append(live.pop(victim))
+    fresh = Bm25Index()
+    fresh.upsert(list(live), ["a" if int(t.split()[-1]) % 2 else "b" for t in live.values()], list(live.values()))
+    assert bm.live_rows == fresh.live_rows == len(live)
+    assert bm.stats()["terms"] == fresh.stats()["terms"]  # exactly the live rows' terms
+    assert bm.stats()["term_ids"] <= fresh.stats()["terms"] + 64  # freed ids are reused
+    for query in ("apple note", "coffee train", gone[-1], gone[0], "river 5999", "mountain doctor 17"):
+        for namespace in (None, "a"):
+            got_ids, got_scores = bm.search(query, 20, namespace=namespace)
+            want_ids, want_scores = fresh.search(query, 20, namespace=namespace)
+            assert got_ids.tolist() == want_ids.tolist(), query
+            np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5)
+
+
 def test_rrf_fuse_orders_by_fused_score_then_smaller_id():
     ids, scores = rrf_fuse([np.array([5, 1, 2]), np.array([1, 9])], 10, c=60)
     assert ids.tolist()[0] == 1  # in both rankings
