@@ -349,6 +349,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     after["cached_memories"] = memory.stats()["cached_memories"]
     after["settled"] = _settled(me)
     after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
+    after["indexes"] = _index_sizes(memory)
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
@@ -383,6 +384,15 @@ def _without_memory_cache(memory, me: int) -> dict | None:
     return rss_parts_kb(me)
 
 
+def _index_sizes(memory) -> dict:
+    """The cold tier's in-memory indexes at the end (after every other figure: stats() flushes the log): the BM25
+    index's live rows, slots (live plus deleted, until compaction) and vocabulary, and the vector mirror's live
+    rows and positions. What they hold beyond the live rows is memory a fresh process does not have."""
+    stats = memory.cold.stats()
+    return {"keyword_index": stats.get("keyword_index"), "mirror_rows": stats.get("mirror_rows"),
+            "mirror_positions": stats.get("mirror_positions")}
+
+
 def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue) -> None:
     """A process that opens the store as the soak left it and does the same warm-up as a worker: its RSS is what
     a worker needs for the store's data at the end, without the history of the run. Then one flush and one
@@ -403,6 +413,7 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
               "cached_memories": memory.stats()["cached_memories"], "threads": threads(me), "malloc": malloc_kb()}
     steady["settled"] = _settled(me)
     steady["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
+    steady["indexes"] = _index_sizes(memory)
     queue.put({"reference": snap, "after_maintenance": steady, "errors": mix.counts["errors"]})
     memory.close()
 
@@ -539,6 +550,7 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                      "malloc_kb_after_malloc_trim": r["after"].get("malloc"),
                      "after_settling": r["after"].get("settled"),
                      "rss_parts_kb_without_memory_cache": r["after"].get("rss_parts_trimmed_without_cache"),
+                     "indexes": r["after"].get("indexes"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
                      "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
@@ -615,6 +627,11 @@ def main() -> None:
           f"{[parts(w['rss_parts_kb_without_memory_cache']) for w in r['workers']]}; the fresh process held "
           f"{steady.get('cached_memories')}, and without them: {parts(steady.get('rss_parts_trimmed_without_cache'))}",
           file=sys.stderr)
+    index = lambda d: ("keyword index {live_rows} live rows, {slots} slots, {terms} terms".format(**d["keyword_index"])  # noqa: E731
+                       if (d or {}).get("keyword_index") else "keyword index not built") + (
+        f"; mirror {(d or {}).get('mirror_rows')} live rows, {(d or {}).get('mirror_positions')} positions")
+    print(f"[soak] in-memory indexes at the end: workers {[index(w.get('indexes')) for w in r['workers']]}; "
+          f"fresh process {index(steady.get('indexes'))}", file=sys.stderr)
     print(json.dumps(r))
 
 

@@ -1512,6 +1512,8 @@ class ColdStore:
                         self._table.version)
             table_stats, versions, indices, version = self._guard("read table statistics", collect)
             mirror_rows = None if self._mirror is None else self._mirror.live_rows
+            mirror_positions = None if self._mirror is None else self._mirror.n
+            keyword_index = None if self._bm25 is None else self._bm25.stats()
             ann = self._ann
             faiss_stats = None if ann is None else {
                 "kind": "ivf_flat", "rows": ann.ntotal, "nlist": ann.nlist, "nprobe": ann.nprobe,
@@ -1542,6 +1544,8 @@ class ColdStore:
             # Why the default search is exact or IVF past faiss_min_rows: method, reason, tuned_recall, nprobe, ...
             "faiss_choice": faiss_choice,
             "mirror_rows": mirror_rows,
+            "mirror_positions": mirror_positions,  # live rows plus deleted ones until the next repack
+            "keyword_index": keyword_index,  # BM25 (built by the first hybrid search): live_rows, slots, terms
             "last_compaction_at": self._last_compaction_at,
             "compactions": self._compactions,
             "lance_reconnects": self._reconnects,
