@@ -72,6 +72,12 @@ def _is_conflict(exc: BaseException) -> bool:
     return "conflict" in text or "retryable" in text
 
 
+def _is_vanished_version(exc: BaseException) -> bool:
+    """A read that listed or opened a table version which another process's cleanup deleted meanwhile."""
+    text = str(exc)
+    return "Not found" in text and ".manifest" in text
+
+
 def _looks_like_bad_filter(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(word in text for word in ("sql", "parse", "no field", "not found in schema", "schema error",
@@ -1505,11 +1511,23 @@ class ColdStore:
             self._check_open()
             self._sync_locked()
 
-            def collect():
+            def collect_once():
                 table_stats = self._table.stats()
                 return (table_stats, len(self._table.list_versions()),
                         [{"columns": list(i.columns), "type": str(i.index_type), "name": i.name} for i in self._table.list_indices()],
                         self._table.version)
+
+            def collect():
+                # Another process's maintenance may delete old versions while this lists them: list again.
+                for attempt in range(_COMMIT_RETRIES):
+                    try:
+                        return collect_once()
+                    except Exception as exc:
+                        if attempt + 1 < _COMMIT_RETRIES and _is_vanished_version(exc):
+                            time.sleep(0.01 * (attempt + 1))
+                            continue
+                        raise
+                raise AssertionError("unreachable")
             table_stats, versions, indices, version = self._guard("read table statistics", collect)
             mirror_rows = None if self._mirror is None else self._mirror.live_rows
             mirror_positions = None if self._mirror is None else self._mirror.n

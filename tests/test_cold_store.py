@@ -435,3 +435,31 @@ def test_lance_threads_sets_env_and_lagging_readers_keep_their_mirror(tmp_path, 
         assert writer.count() == 3
     with pytest.raises(InvalidInput, match="lance_threads"):
         ColdStore(path, dim=DIM, lance_threads=0)
+
+
+def test_stats_lists_versions_again_when_another_process_cleans_one_up_meanwhile(tmp_path):
+    # Seen in the soak: a process's stats() listed the table's versions while another process's maintenance
+    # deleted old ones, and LanceDB failed on the vanished manifest.
+    rng = np.random.default_rng(12)
+    with ColdStore(tmp_path / "cold", dim=DIM, wal=False) as store:
+        store.add(**rows([1, 2], unit_rows(rng, 2)))
+        table = store._table
+        real = table.list_versions
+        calls = {"n": 0}
+
+        def vanishing_once():
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("lance error: Not found: /x/memories.lance/_versions/18446744073709551385.manifest")
+            return real()
+
+        table.list_versions = vanishing_once
+        stats = store.stats()
+        assert calls["n"] == 2 and stats["rows"] == 2 and stats["versions"] >= 1
+
+        def broken():
+            raise RuntimeError("lance error: IO error: disk on fire")
+
+        table.list_versions = broken
+        with pytest.raises(StorageError, match="read table statistics"):
+            store.stats()
