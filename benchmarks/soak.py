@@ -28,7 +28,8 @@ GPU memory (or "no GPU").
 Where a mixed operation's time goes: count, total and mean ms per kind, and the store's cross-process write lock
 (TieredMemory._write_lock, timed from outside): total wait, total held, mean held per add and per delete, and
 the share of wall time some process held it. A share near 1.0 means the run is bound by the serialised write
-section (commit + cross-process sync), not by searches or the soak. --profile DIR writes a cProfile per worker.
+section (commit + cross-process sync), not by searches or the soak. --profile DIR writes a cProfile per worker;
+--tracemalloc N prints, per worker, the Python allocations its measured phase left behind, by call stack.
 
 GPU: on a machine with nvidia-smi, device memory in all and per sidecar process before, after and after close
 (--device cuda); otherwise "no GPU". --lance-cache-mib N (diagnostic) caps LanceDB's per-connection metadata and
@@ -68,6 +69,7 @@ def embed(texts):
 DEVICE = os.environ.get("TR_SOAK_DEVICE", "cpu")  # --device sets it; spawned workers inherit the environment
 LANCE_CACHE_MIB = os.environ.get("TR_SOAK_LANCE_CACHE_MIB")  # --lance-cache-mib (diagnostic), inherited likewise
 SETTLE_S = float(os.environ.get("TR_SOAK_SETTLE_S", "15"))  # --settle-s, inherited likewise
+TRACE_FRAMES = int(os.environ.get("TR_SOAK_TRACEMALLOC", "0"))  # --tracemalloc N, inherited likewise
 BOUNDED_ALLOCATORS = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}  # --bounded-allocators
 
 
@@ -322,6 +324,11 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     mix.reset_counters()
     warm_barrier.wait()  # the parent takes "before" now, with every worker warm
     before = _snap(me, tmp)
+    if TRACE_FRAMES:
+        import tracemalloc
+
+        tracemalloc.start(TRACE_FRAMES)
+        traced_before = tracemalloc.take_snapshot()
     trajectory = []
     every = max(1, ops // 10)
     prof = None
@@ -343,6 +350,9 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
         prof.disable()
         prof.dump_stats(os.path.join(profile_dir, f"worker{worker}.prof"))
     after = _snap(me, tmp)
+    if TRACE_FRAMES:
+        after["traced_growth"] = _traced_growth(traced_before, tracemalloc.take_snapshot())
+        tracemalloc.stop()
     after["rss_kb_trimmed"] = trimmed_rss_kb()
     after["rss_parts_trimmed"] = rss_parts_kb(me)
     after["malloc"] = malloc_kb()
@@ -359,6 +369,16 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     done_barrier.wait()  # the parent takes "after" now, with every worker still attached
     close_barrier.wait()
     memory.close()
+
+
+def _traced_growth(before, after, top: int = 12) -> dict:
+    """Diagnostic (--tracemalloc N): what Python allocated during the measured operations and still holds (numpy
+    buffers included; LanceDB's native heap is not traced), grouped by the allocating call stack, largest first."""
+    diff = after.compare_to(before, "traceback")
+    return {"total_kb": round(sum(d.size_diff for d in diff) / 1024, 1),
+            "top": [{"kb": round(d.size_diff / 1024, 1), "blocks": d.count_diff,
+                     "stack": [f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in d.traceback]}
+                    for d in diff[:top]]}
 
 
 def _settled(me: int) -> dict | None:
@@ -551,6 +571,7 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                      "after_settling": r["after"].get("settled"),
                      "rss_parts_kb_without_memory_cache": r["after"].get("rss_parts_trimmed_without_cache"),
                      "indexes": r["after"].get("indexes"),
+                     "traced_growth": r["after"].get("traced_growth"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
                      "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
@@ -580,6 +601,9 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=15.0,
                     help="after the run, each worker and the fresh process also report after this many idle seconds "
                          "(store open, no operations): LanceDB's idle worker threads have exited by then (0: skip)")
+    ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
+                    help="diagnostic: trace Python allocations in each worker's measured phase (this many frames per "
+                         "stack) and print what it still holds at the end, by stack (slows the run)")
     ap.add_argument("--bounded-allocators", action="store_true",
                     help="run the workers and the sidecar with the README's settings for long-lived processes: "
                          "MALLOC_ARENA_MAX=2 and ARROW_DEFAULT_MEMORY_POOL=system (unless already set), so glibc's "
@@ -589,7 +613,9 @@ def main() -> None:
         for name, value in BOUNDED_ALLOCATORS.items():
             os.environ.setdefault(name, value)  # spawned workers read them when they start
 
-    global DEVICE, LANCE_CACHE_MIB, SETTLE_S
+    global DEVICE, LANCE_CACHE_MIB, SETTLE_S, TRACE_FRAMES
+    TRACE_FRAMES = args.tracemalloc
+    os.environ["TR_SOAK_TRACEMALLOC"] = str(args.tracemalloc)
     DEVICE = os.environ["TR_SOAK_DEVICE"] = args.device
     SETTLE_S = args.settle_s
     os.environ["TR_SOAK_SETTLE_S"] = str(args.settle_s)
@@ -632,6 +658,12 @@ def main() -> None:
         f"; mirror {(d or {}).get('mirror_rows')} live rows, {(d or {}).get('mirror_positions')} positions")
     print(f"[soak] in-memory indexes at the end: workers {[index(w.get('indexes')) for w in r['workers']]}; "
           f"fresh process {index(steady.get('indexes'))}", file=sys.stderr)
+    for w in r["workers"]:
+        growth = w.get("traced_growth")
+        if growth:
+            print(f"[soak] worker {w['worker']}: Python allocations still held after the run: {growth['total_kb']} KB; "
+                  f"largest: " + "; ".join(f"{g['kb']} KB in {g['blocks']} blocks at {' < '.join(g['stack'])}"
+                                          for g in growth["top"][:6]), file=sys.stderr)
     print(json.dumps(r))
 
 
