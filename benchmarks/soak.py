@@ -5,7 +5,10 @@ GPU memory before and after, printed.
     python benchmarks/soak.py --processes 8 --ops 1000000
     python benchmarks/soak.py --processes 8 --ops 20000 --profile /tmp/soak-prof   (cProfile per worker)
 
---ops is the total over all processes (each worker does ops / processes, after its own warm-up).
+--ops is the total over all processes (each worker does ops / processes, after its own warm-up). Each worker first
+adds --prefill rows; the default --mix balanced then adds and deletes alike, so the store's live rows stay about
+constant and each worker's memory after the run can be compared with its own before (same data); --mix growing
+adds twice what it deletes (the store grows, and the fresh process below is the comparison).
 
 Measurement points (the same point of the life cycle on both sides):
   before = every worker has started, opened the store and done --warmup operations of the same mix
@@ -70,6 +73,11 @@ DEVICE = os.environ.get("TR_SOAK_DEVICE", "cpu")  # --device sets it; spawned wo
 LANCE_CACHE_MIB = os.environ.get("TR_SOAK_LANCE_CACHE_MIB")  # --lance-cache-mib (diagnostic), inherited likewise
 SETTLE_S = float(os.environ.get("TR_SOAK_SETTLE_S", "15"))  # --settle-s, inherited likewise
 TRACE_FRAMES = int(os.environ.get("TR_SOAK_TRACEMALLOC", "0"))  # --tracemalloc N, inherited likewise
+MIX = os.environ.get("TR_SOAK_MIX", "balanced")  # --mix, inherited likewise
+# (add, delete) shares of the operations: "balanced" keeps the live rows about constant, so a worker's memory
+# after the run can be compared with its own before; "growing" adds twice what it deletes (the store grows).
+MIX_WRITES = {"balanced": (0.06, 0.06), "growing": (0.08, 0.04)}
+PREFILL = int(os.environ.get("TR_SOAK_PREFILL", "2500"))  # --prefill, inherited likewise
 BOUNDED_ALLOCATORS = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}  # --bounded-allocators
 
 
@@ -228,8 +236,9 @@ def _snap(pid: int, tmp: str) -> dict:
 # ---- the worker ----------------------------------------------------------------------------------
 
 class _Mix:
-    """The operation mix, one draw per operation: 85 % search (half scoped to the worker's namespace),
-    8 % add, 4 % delete of one of its own rows, 3 % re-ingest of the shared chat file (adds nothing new)."""
+    """The operation mix, one draw per operation: 85 % search (half scoped to the worker's namespace), then
+    (MIX_WRITES) 6 % add and 6 % delete of one of its own rows, or 8 % and 4 % ("growing"), and 3 % re-ingest of
+    the shared chat file (adds nothing new)."""
 
     words = "apple river mountain coffee train doctor garden holiday budget slides vet allergy".split()
 
@@ -288,19 +297,27 @@ class _Mix:
         r = rng.random()
         self.i += 1
         try:
+            add, delete = MIX_WRITES[MIX]
             if r < 0.85 or not self.mine:
                 q = " ".join(rng.choice(self.words, 3))
                 self._timed("search", lambda: m.search(q, k=5, namespace=f"w{w}" if r < 0.5 else None))
-            if 0.85 <= r < 0.93 or not self.mine:
+            if 0.85 <= r < 0.85 + add or not self.mine:
                 text = " ".join(rng.choice(self.words, 6)) + f" {w}-{self.i}"
                 self.mine += self._timed("add", lambda: m.add([text], namespace=f"w{w}"))
-            elif 0.93 <= r < 0.97:
+            elif 0.85 + add <= r < 0.85 + add + delete:
                 victim = self.mine.pop(int(rng.integers(len(self.mine))))
                 self._timed("delete", lambda: m.delete([victim]))
             elif r >= 0.97:
                 self._timed("ingest", lambda: self.ingest([self.chat], memory=m, namespace="chat", progress=False))
         except TieredRecallError:
             self.counts["errors"] += 1
+
+    def prefill(self, rows: int, batch: int = 250) -> None:
+        """Adds this worker's share of the store's starting rows, in batches, before the warm-up."""
+        for lo in range(0, rows, batch):
+            texts = [" ".join(self.rng.choice(self.words, 6)) + f" {self.worker}-fill-{i}"
+                     for i in range(lo, min(rows, lo + batch))]
+            self.mine += self._timed("add", lambda: self.memory.add(texts, namespace=f"w{self.worker}"))
 
     def reset_counters(self) -> None:
         self.counts = {k: 0 for k in KINDS} | {"errors": 0}
@@ -318,12 +335,17 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     memory = _open(Path(store))
     t_opened = time.monotonic()
     mix = _Mix(memory, worker, chat, seed=worker)
+    mix.prefill(PREFILL)
     for _ in range(warmup):
         mix.step()
     warm_counts = dict(mix.counts)
     mix.reset_counters()
     warm_barrier.wait()  # the parent takes "before" now, with every worker warm
     before = _snap(me, tmp)
+    # the same figures as after the run, taken the same way: anonymous memory and glibc's heap after malloc_trim
+    before["rss_kb_trimmed"] = trimmed_rss_kb()
+    before["rss_parts_trimmed"] = rss_parts_kb(me)
+    before["malloc"] = malloc_kb()
     if TRACE_FRAMES:
         import tracemalloc
 
@@ -359,6 +381,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     after["cached_memories"] = memory.stats()["cached_memories"]
     after["settled"] = _settled(me)
     after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
+    after["without_lance_caches"] = _without_lance_caches(memory, me)
     after["indexes"] = _index_sizes(memory)
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
@@ -404,6 +427,20 @@ def _without_memory_cache(memory, me: int) -> dict | None:
     return rss_parts_kb(me)
 
 
+def _without_lance_caches(memory, me: int) -> dict:
+    """Diagnostic, after _without_memory_cache: RSS parts and glibc's heap after the cold tier opens a new LanceDB
+    connection (as it does every _LANCE_RECONNECT_VERSIONS versions), whose session caches start empty, and the
+    old one is dropped. What this gives back is LanceDB's caches (bounded), not growth of ours."""
+    import gc
+
+    cold = memory.cold
+    cold._connected_at_version = -(1 << 62)  # private: make the next check reconnect now
+    cold._maybe_reconnect(cold._table.version)
+    gc.collect()
+    trimmed_rss_kb()
+    return {"rss_parts_trimmed": rss_parts_kb(me), "malloc": malloc_kb()}
+
+
 def _index_sizes(memory) -> dict:
     """The cold tier's in-memory indexes at the end (after every other figure: stats() flushes the log): the BM25
     index's live rows, slots (live plus deleted, until compaction) and vocabulary, and the vector mirror's live
@@ -433,6 +470,7 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
               "cached_memories": memory.stats()["cached_memories"], "threads": threads(me), "malloc": malloc_kb()}
     steady["settled"] = _settled(me)
     steady["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
+    steady["without_lance_caches"] = _without_lance_caches(memory, me)
     steady["indexes"] = _index_sizes(memory)
     queue.put({"reference": snap, "after_maintenance": steady, "errors": mix.counts["errors"]})
     memory.close()
@@ -565,11 +603,15 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
         "gpu": {"before": before["gpu"], "after": after["gpu"]},
         "workers": [{"worker": r["worker"], "rss_kb": [r["before"]["rss_kb"], r["after"]["rss_kb"]],
                      "rss_kb_after_malloc_trim": r["after"].get("rss_kb_trimmed"),
+                     "before_after_malloc_trim": {"rss_kb": r["before"].get("rss_kb_trimmed"),
+                                                  "rss_parts_kb": r["before"].get("rss_parts_trimmed"),
+                                                  "malloc_kb": r["before"].get("malloc")},
                      "rss_parts_kb_after_malloc_trim": r["after"].get("rss_parts_trimmed"),
                      "cached_memories": r["after"].get("cached_memories"),
                      "malloc_kb_after_malloc_trim": r["after"].get("malloc"),
                      "after_settling": r["after"].get("settled"),
                      "rss_parts_kb_without_memory_cache": r["after"].get("rss_parts_trimmed_without_cache"),
+                     "without_lance_caches": r["after"].get("without_lance_caches"),
                      "indexes": r["after"].get("indexes"),
                      "traced_growth": r["after"].get("traced_growth"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
@@ -588,6 +630,13 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
     }
 
 
+def heap_pair(worker: dict) -> str:
+    mb = lambda kb: round(kb / 1024, 1) if kb else None  # noqa: E731
+    before = (worker["before_after_malloc_trim"].get("malloc_kb") or {}).get("in_use")
+    after = (worker.get("malloc_kb_after_malloc_trim") or {}).get("in_use")
+    return f"{mb(before)} -> {mb(after)}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--processes", type=int, default=8)
@@ -601,6 +650,12 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=15.0,
                     help="after the run, each worker and the fresh process also report after this many idle seconds "
                          "(store open, no operations): LanceDB's idle worker threads have exited by then (0: skip)")
+    ap.add_argument("--mix", choices=sorted(MIX_WRITES), default="balanced",
+                    help="balanced: 6 %% adds and 6 %% deletes, so the live rows stay about where --prefill put them "
+                         "and each worker's memory after the run is compared with its own before; growing: 8 %% "
+                         "adds and 4 %% deletes (the store grows; compare with the fresh process instead)")
+    ap.add_argument("--prefill", type=int, default=2500,
+                    help="rows each worker adds (in batches of 250) before its warm-up")
     ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
                     help="diagnostic: trace Python allocations in each worker's measured phase (this many frames per "
                          "stack) and print what it still holds at the end, by stack (slows the run)")
@@ -613,7 +668,9 @@ def main() -> None:
         for name, value in BOUNDED_ALLOCATORS.items():
             os.environ.setdefault(name, value)  # spawned workers read them when they start
 
-    global DEVICE, LANCE_CACHE_MIB, SETTLE_S, TRACE_FRAMES
+    global DEVICE, LANCE_CACHE_MIB, SETTLE_S, TRACE_FRAMES, MIX, PREFILL
+    MIX, PREFILL = args.mix, args.prefill
+    os.environ["TR_SOAK_MIX"], os.environ["TR_SOAK_PREFILL"] = args.mix, str(args.prefill)
     TRACE_FRAMES = args.tracemalloc
     os.environ["TR_SOAK_TRACEMALLOC"] = str(args.tracemalloc)
     DEVICE = os.environ["TR_SOAK_DEVICE"] = args.device
@@ -625,6 +682,9 @@ def main() -> None:
         os.makedirs(args.profile, exist_ok=True)
     r = run(args.processes, args.ops, args.warmup, args.profile)
     r["allocator_env"] = {name: os.environ.get(name) for name in BOUNDED_ALLOCATORS}
+    r["mix"], r["prefill_rows_per_worker"] = MIX, PREFILL
+    print(f"[soak] mix {MIX} (add, delete shares {MIX_WRITES[MIX]}), {PREFILL} rows prefilled per worker, "
+          f"{r['rows_at_end']} rows at the end", file=sys.stderr)
     print(f"[soak] {r['ops']} ops in {r['seconds']} s = {r['ops_per_s']} ops/s; mean ms per op {r['op_mean_ms']}; "
           f"op seconds {r['op_seconds_total']}", file=sys.stderr)
     mb = lambda kb: round(kb / 1024, 1) if kb else None  # noqa: E731
@@ -653,6 +713,18 @@ def main() -> None:
           f"{[parts(w['rss_parts_kb_without_memory_cache']) for w in r['workers']]}; the fresh process held "
           f"{steady.get('cached_memories')}, and without them: {parts(steady.get('rss_parts_trimmed_without_cache'))}",
           file=sys.stderr)
+    anon = lambda d: ((d or {}).get("anon") or 0) / 1024  # noqa: E731
+    pairs = [(w["before_after_malloc_trim"]["rss_parts_kb"], w["rss_parts_kb_after_malloc_trim"],
+              (w.get("after_settling") or {}).get("rss_parts_trimmed")) for w in r["workers"]]
+    print(f"[soak] each worker against its own before, anonymous MB after malloc_trim: before -> after (after "
+          f"{SETTLE_S:g} idle s): {[f'{anon(b):.1f} -> {anon(a):.1f} ({anon(s):.1f})' for b, a, s in pairs]}; "
+          f"change {[round(anon(a) - anon(b), 1) for b, a, _ in pairs]} MB; glibc in use before -> after: "
+          f"{[heap_pair(w) for w in r['workers']]}", file=sys.stderr)
+    no_lance = [w.get("without_lance_caches") or {} for w in r["workers"]]
+    fresh_no_lance = steady.get("without_lance_caches") or {}
+    print(f"[soak] then with a new LanceDB connection (empty session caches), after malloc_trim, MB: workers "
+          f"{[parts(w.get('rss_parts_trimmed')) + ' (' + heap(w.get('malloc')) + ')' for w in no_lance]}; fresh process "
+          f"{parts(fresh_no_lance.get('rss_parts_trimmed'))} ({heap(fresh_no_lance.get('malloc'))})", file=sys.stderr)
     index = lambda d: ("keyword index {live_rows} live rows, {slots} slots, {terms} terms".format(**d["keyword_index"])  # noqa: E731
                        if (d or {}).get("keyword_index") else "keyword index not built") + (
         f"; mirror {(d or {}).get('mirror_rows')} live rows, {(d or {}).get('mirror_positions')} positions")
