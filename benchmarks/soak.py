@@ -32,7 +32,7 @@ Where a mixed operation's time goes: count, total and mean ms per kind, and the 
 (TieredMemory._write_lock, timed from outside): total wait, total held, mean held per add and per delete, and
 the share of wall time some process held it. A share near 1.0 means the run is bound by the serialised write
 section (commit + cross-process sync), not by searches or the soak. --profile DIR writes a cProfile per worker;
---tracemalloc N prints, per worker, the Python allocations its measured phase left behind, by call stack.
+--tracemalloc N prints, per worker, the Python allocations the last four fifths of its run left behind, by stack.
 
 GPU: on a machine with nvidia-smi, device memory in all and per sidecar process before, after and after close
 (--device cuda); otherwise "no GPU". --lance-cache-mib N (diagnostic) caps LanceDB's per-connection metadata and
@@ -350,7 +350,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
         import tracemalloc
 
         tracemalloc.start(TRACE_FRAMES)
-        traced_before = tracemalloc.take_snapshot()
+    traced_from = None  # a fifth into the run: what the rest of the run adds on top, by stack
     trajectory = []
     every = max(1, ops // 10)
     prof = None
@@ -366,6 +366,8 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
             done_ops[worker] = i + 1  # progress for the parent's log (no lock: one writer per cell)
         if (i + 1) % every == 0:
             trajectory.append((i + 1, round(time.monotonic() - t0, 1), rss_kb(me), fds(me)))
+        if TRACE_FRAMES and i + 1 == max(1, ops // 5):
+            traced_from = tracemalloc.take_snapshot()
     finished_at = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
     elapsed = finished_at - t0
     if prof is not None:
@@ -373,7 +375,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
         prof.dump_stats(os.path.join(profile_dir, f"worker{worker}.prof"))
     after = _snap(me, tmp)
     if TRACE_FRAMES:
-        after["traced_growth"] = _traced_growth(traced_before, tracemalloc.take_snapshot())
+        after["traced_growth"] = _traced_growth(traced_from, tracemalloc.take_snapshot())
         tracemalloc.stop()
     after["rss_kb_trimmed"] = trimmed_rss_kb()
     after["rss_parts_trimmed"] = rss_parts_kb(me)
@@ -395,8 +397,10 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
 
 
 def _traced_growth(before, after, top: int = 12) -> dict:
-    """Diagnostic (--tracemalloc N): what Python allocated during the measured operations and still holds (numpy
-    buffers included; LanceDB's native heap is not traced), grouped by the allocating call stack, largest first."""
+    """Diagnostic (--tracemalloc N): what Python allocated in the last four fifths of the measured operations and
+    still holds, less what it freed of what it had traced by then (numpy buffers included; LanceDB's native heap is
+    not traced), grouped by the allocating call stack, largest first. Tracing starts at "before" and the first fifth
+    is left out, so structures replaced once in a while (allocated before tracing) do not count as growth."""
     diff = after.compare_to(before, "traceback")
     return {"total_kb": round(sum(d.size_diff for d in diff) / 1024, 1),
             "top": [{"kb": round(d.size_diff / 1024, 1), "blocks": d.count_diff,
