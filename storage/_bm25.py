@@ -4,8 +4,8 @@ An inverted index of growable numpy posting arrays: single-row adds and deletes 
 updates, document frequencies stay exact, deleted rows never score, and dead postings are dropped once
 they are half of the index. A term no live row holds any more leaves the vocabulary at once and its id is
 reused: texts that carry one-off tokens (numbers, timestamps, names) would otherwise grow the vocabulary
-with every memory ever added, deleted or not. Scores follow Okapi BM25 with a lower length normalisation (b=0.4) than usual,
-which suits short conversational turns.
+with every memory ever added, deleted or not. Scores follow Okapi BM25 with a lower length normalisation
+(b=0.4) than usual, which suits short conversational turns.
 """
 from __future__ import annotations
 
