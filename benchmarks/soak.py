@@ -84,7 +84,7 @@ BOUNDED_ALLOCATORS = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "sys
 def _cap_lance_caches() -> None:
     """Diagnostic (--lance-cache-mib): every lancedb.connect in this process gets a Session whose metadata and
     index caches hold at most that many MiB (LanceDB's defaults: 1 GiB and 6 GiB per connection; the cold tier caps
-    the metadata cache at 64 MiB). Shows whether RSS growth is LanceDB's per-version metadata cache."""
+    the metadata cache at 4 MiB; one session serves every connection of the process, so a reconnect keeps it). Shows whether RSS growth is LanceDB's per-version metadata cache."""
     if not LANCE_CACHE_MIB:
         return
     import lancedb
@@ -96,7 +96,7 @@ def _cap_lance_caches() -> None:
     real = lancedb.connect
 
     def connect(*args, **kwargs):
-        kwargs["session"] = session  # over the cold tier's own session (64 MiB metadata cache), which it passes itself
+        kwargs["session"] = session  # over the cold tier's own session (4 MiB metadata cache), which it passes itself
         return real(*args, **kwargs)
 
     connect._soak_capped = True
