@@ -84,7 +84,8 @@ BOUNDED_ALLOCATORS = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "sys
 def _cap_lance_caches() -> None:
     """Diagnostic (--lance-cache-mib): every lancedb.connect in this process gets a Session whose metadata and
     index caches hold at most that many MiB (LanceDB's defaults: 1 GiB and 6 GiB per connection; the cold tier caps
-    the metadata cache at 4 MiB; one session serves every connection of the process, so a reconnect keeps it). Shows whether RSS growth is LanceDB's per-version metadata cache."""
+    the metadata cache at 4 MiB; one session serves every connection of the process, so a reconnect keeps it).
+    Shows whether RSS growth is LanceDB's caches."""
     if not LANCE_CACHE_MIB:
         return
     import lancedb
