@@ -78,6 +78,22 @@ def _is_vanished_version(exc: BaseException) -> bool:
     return "Not found" in text and ".manifest" in text
 
 
+def _retry(fn: Callable[[], T], transient: Callable[[BaseException], bool], pause_s: float) -> T:
+    """fn(), again (up to _COMMIT_RETRIES times in all, pausing a little longer each time) while it fails in a way
+    `transient` says another process caused; the last failure, or any other, is raised as it came."""
+    for attempt in range(_COMMIT_RETRIES):
+        try:
+            return fn()
+        except TieredRecallError:
+            raise
+        except Exception as exc:
+            if attempt + 1 < _COMMIT_RETRIES and transient(exc):
+                time.sleep(pause_s * (attempt + 1))
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
 def _looks_like_bad_filter(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(word in text for word in ("sql", "parse", "no field", "not found in schema", "schema error",
@@ -344,17 +360,7 @@ class ColdStore:
 
     def _commit(self, what: str, fn: Callable[[], T]) -> T:
         """A write that may race with compaction or another process: retry on commit conflicts (writes are idempotent)."""
-        for attempt in range(_COMMIT_RETRIES):
-            try:
-                return fn()
-            except TieredRecallError:
-                raise
-            except Exception as exc:
-                if attempt + 1 < _COMMIT_RETRIES and _is_conflict(exc):
-                    time.sleep(0.01 * (attempt + 1))
-                    continue
-                raise StorageError(_storage_message(what, self._path, exc)) from exc
-        raise AssertionError("unreachable")
+        return self._guard(what, lambda: _retry(fn, _is_conflict, 0.01))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1420,15 +1426,10 @@ class ColdStore:
                     self._maintenance_table = self._db.open_table(TABLE_NAME)
                 table = self._maintenance_table
                 start = table.version
-                for attempt in range(_COMMIT_RETRIES):
-                    try:
-                        with self._no_row_commits():
-                            table.optimize(cleanup_older_than=self._cleanup_grace)
-                        break
-                    except Exception as exc:
-                        if attempt + 1 == _COMMIT_RETRIES or not _is_conflict(exc):
-                            raise
-                        time.sleep(0.02 * (attempt + 1))
+                def optimize():
+                    with self._no_row_commits():
+                        table.optimize(cleanup_older_than=self._cleanup_grace)
+                _retry(optimize, _is_conflict, 0.02)
                 self._build_indices(table)
                 self._last_compaction_at = time.time()
                 self._compactions += 1
@@ -1511,24 +1512,15 @@ class ColdStore:
             self._check_open()
             self._sync_locked()
 
-            def collect_once():
+            def collect():
                 table_stats = self._table.stats()
                 return (table_stats, len(self._table.list_versions()),
                         [{"columns": list(i.columns), "type": str(i.index_type), "name": i.name} for i in self._table.list_indices()],
                         self._table.version)
 
-            def collect():
-                # Another process's maintenance may delete old versions while this lists them: list again.
-                for attempt in range(_COMMIT_RETRIES):
-                    try:
-                        return collect_once()
-                    except Exception as exc:
-                        if attempt + 1 < _COMMIT_RETRIES and _is_vanished_version(exc):
-                            time.sleep(0.01 * (attempt + 1))
-                            continue
-                        raise
-                raise AssertionError("unreachable")
-            table_stats, versions, indices, version = self._guard("read table statistics", collect)
+            # Another process's maintenance may delete old versions while this lists them: list again.
+            table_stats, versions, indices, version = self._guard(
+                "read table statistics", lambda: _retry(collect, _is_vanished_version, 0.01))
             mirror_rows = None if self._mirror is None else self._mirror.live_rows
             mirror_positions = None if self._mirror is None else self._mirror.n
             keyword_index = None if self._bm25 is None else self._bm25.stats()
