@@ -635,13 +635,6 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
     }
 
 
-def heap_pair(worker: dict) -> str:
-    mb = lambda kb: round(kb / 1024, 1) if kb else None  # noqa: E731
-    before = (worker["before_after_malloc_trim"].get("malloc_kb") or {}).get("in_use")
-    after = (worker.get("malloc_kb_after_malloc_trim") or {}).get("in_use")
-    return f"{mb(before)} -> {mb(after)}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--processes", type=int, default=8)
@@ -719,12 +712,14 @@ def main() -> None:
           f"{steady.get('cached_memories')}, and without them: {parts(steady.get('rss_parts_trimmed_without_cache'))}",
           file=sys.stderr)
     anon = lambda d: ((d or {}).get("anon") or 0) / 1024  # noqa: E731
+    in_use_pair = lambda w: (f"{mb((w['before_after_malloc_trim'].get('malloc_kb') or {}).get('in_use'))} -> "  # noqa: E731
+                             f"{mb((w.get('malloc_kb_after_malloc_trim') or {}).get('in_use'))}")
     pairs = [(w["before_after_malloc_trim"]["rss_parts_kb"], w["rss_parts_kb_after_malloc_trim"],
               (w.get("after_settling") or {}).get("rss_parts_trimmed")) for w in r["workers"]]
     print(f"[soak] each worker against its own before, anonymous MB after malloc_trim: before -> after (after "
-          f"{SETTLE_S:g} idle s): {[f'{anon(b):.1f} -> {anon(a):.1f} ({anon(s):.1f})' for b, a, s in pairs]}; "
+          f"{SETTLE_S:g} idle s): {[f'{anon(b):.1f} -> {anon(a):.1f} (' + (f'{anon(s):.1f}' if s else 'not measured') + ')' for b, a, s in pairs]}; "
           f"change {[round(anon(a) - anon(b), 1) for b, a, _ in pairs]} MB; glibc in use before -> after: "
-          f"{[heap_pair(w) for w in r['workers']]}", file=sys.stderr)
+          f"{[in_use_pair(w) for w in r['workers']]}", file=sys.stderr)
     no_lance = [w.get("without_lance_caches") or {} for w in r["workers"]]
     fresh_no_lance = steady.get("without_lance_caches") or {}
     print(f"[soak] then with a new LanceDB connection (empty session caches), after malloc_trim, MB: workers "
