@@ -17,8 +17,8 @@ from tiered_recall.sidecar import HotTier, start_sidecar
 def main() -> int:
     rng = np.random.default_rng(0)
     bad = 0
-    for dim, dtype in ((100, "f16"), (1100, "f32")):
-        n = 3000
+    # 40,000 rows leave every scan block more than one round (the last partial), walked forward and backward
+    for dim, dtype, n in ((100, "f16", 3000), (1100, "f32", 3000), (64, "f16", 40_000)):
         name = f"san-{uuid.uuid4().hex[:8]}"
         proc = start_sidecar(name, dim=dim, capacity=n, dtype=dtype, backend="cuda", exit_when_orphaned_s=1,
                              ready_timeout_s=300)
