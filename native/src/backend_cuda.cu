@@ -165,6 +165,12 @@ template <> struct Elem<float> {
     }
 };
 
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -502,7 +508,7 @@ __device__ unsigned warp_select(float *s, long long *id, unsigned n, unsigned k)
 }
 
 __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
-                            unsigned &mcnt, float &mthr, float *wmax);
+                            unsigned &mcnt, float &mthr, float *wmax, unsigned long long *stamp = nullptr);
 
 /* warp_select for a scan block's candidate list (n <= TR_BQ_CB, k <= TR_BQ_MAX_K), by one warp, without
  * k sequential rounds: the k-th largest of the lanes' maxima is a lower bound on the k-th best score (it
@@ -790,7 +796,7 @@ batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__
  * in the fused scan they were written by other blocks of the same launch (ordered by the ticket's
  * fences), so they must come from L2, never from a stale L1 line. */
 __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
-                            unsigned &mcnt, float &mthr, float *wmax) {
+                            unsigned &mcnt, float &mthr, float *wmax, unsigned long long *stamp) {
     const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const unsigned k = p.bq[qi].k;
     const unsigned *pn = p.part_n + (size_t)qi * G;
@@ -824,6 +830,7 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
         float bnd = -INFINITY;
         for (int w = 0; w < TR_CUDA_WARPS; w++) bnd = fmaxf(bnd, wmax[w]);
         mthr = bnd;
+        if (stamp) stamp[0] = global_ns();
     }
     __syncthreads();
     const unsigned total = G * k;
@@ -863,6 +870,10 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
     long long *oi = p.bq[qi].oid;
     float *os = p.bq[qi].osc;
     const unsigned n = mcnt;
+    if (stamp && tid == 0) {
+        stamp[1] = global_ns();
+        stamp[2] = n;
+    }
     if (n <= blockDim.x) {
         /* few candidates: each thread ranks one against all (ranks are distinct: ids are unique) and
          * writes it to its place, instead of k sequential rounds of one warp */
@@ -935,6 +946,8 @@ struct PersistMailbox {
     unsigned hits[TR_BQ_MAX];          /* device -> host: hits per query of that batch */
     unsigned long long stamp[4];       /* device -> host (profile): %globaltimer at word seen, go, last
                                         * ticket, done */
+    unsigned long long merge_stamp[3]; /* device -> host (profile, merged by the last block): %globaltimer
+                                        * after the merge's bounds, after its candidates; candidates kept */
     alignas(128) PersistReq req;       /* host -> device */
     /* then TR_BQ_MAX x nvec uint4 of f16 queries (persist_query_area) */
 };
@@ -966,12 +979,6 @@ __device__ __forceinline__ void st_release_gpu(unsigned *a, unsigned v) {
 }
 __device__ __forceinline__ void st_release_sys(unsigned *a, unsigned v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
 }
 
 __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
@@ -1084,7 +1091,9 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
         if (is_last) {
             if (tid == 0 && sreq.profile) mb->stamp[2] = global_ns();
             if (!parallel) {
-                for (unsigned qi = 0; qi < nq; qi++) merge_query(p, G, qi, ms, mid, mcnt, mthr, wmax);
+                for (unsigned qi = 0; qi < nq; qi++)
+                    merge_query(p, G, qi, ms, mid, mcnt, mthr, wmax,
+                                sreq.profile && qi == 0 ? mb->merge_stamp : nullptr);
                 __syncthreads(); /* then done_seq's release (fence.sys) orders every thread's results */
                 if (tid == 0) {
                     if (sreq.profile) mb->stamp[3] = global_ns();
@@ -1180,6 +1189,7 @@ typedef struct cuda_backend {
     unsigned long long pbatches; /* answered by the running kernel (TR_CUDA_VERBOSE=1 logs it at each stop) */
     int profile;                 /* TR_CUDA_PROFILE=1: mean stage times logged at each stop */
     unsigned long long psubmit_ns, prof_n, prof_sum[5]; /* host submit->done seen; kernel stages */
+    unsigned long long prof_merge_n, prof_merge[3];     /* fused merges: bounds, candidates, final; kept */
     int verbose;
     PersistMailbox *pmb;   /* pinned, mapped */
     PersistMailbox *pmb_dev;
@@ -1787,6 +1797,13 @@ static void persist_profile(cuda_backend *b) {
     b->prof_sum[2] += t[2] - t[1];
     b->prof_sum[3] += t[3] - t[2];
     b->prof_n++;
+    const unsigned long long *m = b->pmb->merge_stamp;
+    if (m[0] > t[2] && m[1] >= m[0] && t[3] >= m[1]) { /* this batch's fused merge (not the per-query kernels) */
+        b->prof_merge[0] += m[0] - t[2];
+        b->prof_merge[1] += m[1] - m[0];
+        b->prof_merge[2] += m[2];
+        b->prof_merge_n++;
+    }
 }
 
 static int persist_wait(cuda_backend *b, unsigned seq, int block, char *err, size_t errlen) {
@@ -1832,8 +1849,15 @@ static int persist_stop(cuda_backend *b, const char *why, char *err, size_t errl
         fprintf(stderr, "tr-sidecar: cuda: profile over %llu batches, mean us: host submit->done seen %.2f | "
                 "kernel: word seen->go %.2f, go->last ticket %.2f, last ticket->done %.2f\n", b->prof_n,
                 b->prof_sum[0] / n / 1e3, b->prof_sum[1] / n / 1e3, b->prof_sum[2] / n / 1e3, b->prof_sum[3] / n / 1e3);
+        if (b->prof_merge_n) {
+            const double mn = (double)b->prof_merge_n;
+            fprintf(stderr, "tr-sidecar: cuda: profile of the fused merge over %llu batches, mean us: bounds %.2f, "
+                    "candidates %.2f (%.1f kept), rank and write the rest of last ticket->done\n", b->prof_merge_n,
+                    b->prof_merge[0] / mn / 1e3, b->prof_merge[1] / mn / 1e3, b->prof_merge[2] / mn);
+        }
         memset(b->prof_sum, 0, sizeof b->prof_sum);
-        b->prof_n = 0;
+        memset(b->prof_merge, 0, sizeof b->prof_merge);
+        b->prof_n = b->prof_merge_n = 0;
         log_block_phases(b);
     }
     b->pbatches = 0;
