@@ -1,6 +1,6 @@
 """In-memory copy of (id, namespace, created_at, vector) for exact search at memory speed; LanceDB stays the truth.
 
-Rows live at positions (append-only, tombstoned, repacked when half are dead). An optional listener (the FAISS
+Rows live at positions (append-only, tombstoned, repacked once a quarter are dead). An optional listener (the FAISS
 index, whose labels are these positions) hears every added/removed position and every repack, so it stays in step.
 """
 from __future__ import annotations
@@ -15,6 +15,13 @@ class MirrorListener(Protocol):
     def on_remove(self, positions: np.ndarray) -> None: ...
     def on_repack(self, new_of_old: np.ndarray) -> None: ...
 
+
+# Positions are repacked once more than 1/_REPACK_DEAD_SHARE of them are dead, so the mirror holds at most 4/3 of
+# its live rows. At half dead (the first rule) each worker of the 8-process soak (benchmarks/soak.py, balanced adds
+# and deletes on ~21k rows) held up to twice its live rows, and its arrays had just doubled once more when the
+# next add came before the next delete: memray put that as the largest growth of a worker's heap over 1M operations
+# (+13 MB of arrays and position dict). A repack copies the live rows once per third of them deleted.
+_REPACK_DEAD_SHARE = 4
 
 # Elements (rows x dim) per matrix-vector product. Past ~500k elements OpenBLAS (numpy's BLAS) splits one product
 # over its threads; with many processes on few cores each such product then waits for its helper thread to be
@@ -111,10 +118,16 @@ class VectorMirror:
                 self._ns_bits[code] = bits = _grow_bits(bits, lo + int(codes.shape[0]))
                 np.bitwise_or.at(bits, pos >> 3, (1 << (pos & 7)).astype(np.uint8))
 
+    def _repack_due(self) -> bool:
+        return self._n > 1024 and (self._n - self.live_rows) * _REPACK_DEAD_SHARE > self._n
+
     def _reserve(self, extra: int) -> None:
         need = self._n + extra
         cap = self._ids.shape[0]
         if need <= cap:
+            return
+        if self._repack_due():  # make room by dropping the dead rather than doubling the arrays around them
+            self._repack(room=extra)
             return
         new_cap = max(need, cap * 2)
         for name in ("_ids", "_ns_codes", "_created", "_alive"):
@@ -161,21 +174,28 @@ class VectorMirror:
                     bits[pos >> 3] &= np.uint8(~(1 << (pos & 7)) & 0xFF)
             if self.listener is not None:
                 self.listener.on_remove(positions)
-        if gone and self._n > 1024 and self.live_rows < self._n // 2:
+        if gone and self._repack_due():
             self._repack()
         return len(gone)
 
-    def _repack(self) -> None:
+    def _repack(self, room: int = 0) -> None:
+        """The live rows to the front of new arrays with `room` positions free after them."""
         keep = np.flatnonzero(self._alive[: self._n])
+        live = keep.shape[0]
         new_of_old = np.full(self._n, -1, np.int64)
-        new_of_old[keep] = np.arange(keep.shape[0])
-        self._ids = self._ids[keep].copy()
-        self._vectors = self._vectors[keep].copy()
-        self._ns_codes = self._ns_codes[keep].copy()
-        self._created = self._created[keep].copy()
-        self._alive = np.ones(keep.shape[0], bool)
-        self._n = keep.shape[0]
-        self._pos = {row_id: i for i, row_id in enumerate(self._ids.tolist())}
+        new_of_old[keep] = np.arange(live)
+        for name in ("_ids", "_ns_codes", "_created"):
+            old = getattr(self, name)
+            new = np.empty(live + room, old.dtype)
+            new[:live] = old[keep]
+            setattr(self, name, new)
+        vectors = np.empty((live + room, self.dim), np.float32)
+        vectors[:live] = self._vectors[keep]
+        self._vectors = vectors
+        self._alive = np.zeros(live + room, bool)
+        self._alive[:live] = True
+        self._n = live
+        self._pos = {row_id: i for i, row_id in enumerate(self._ids[:live].tolist())}
         self._ns_bits.clear()
         for code, slot in enumerate(self._ns_rows):
             slot[0], slot[1] = np.empty(16, np.int64), 0
