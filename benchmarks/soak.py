@@ -32,7 +32,9 @@ Where a mixed operation's time goes: count, total and mean ms per kind, and the 
 (TieredMemory._write_lock, timed from outside): total wait, total held, mean held per add and per delete, and
 the share of wall time some process held it. A share near 1.0 means the run is bound by the serialised write
 section (commit + cross-process sync), not by searches or the soak. --profile DIR writes a cProfile per worker;
---tracemalloc N prints, per worker, the Python allocations the last four fifths of its run left behind, by stack.
+--tracemalloc N prints, per worker, the Python allocations the last four fifths of its run left behind, by stack;
+--native-heap DIR records worker 0 with memray (every malloc of every library, LanceDB's included) and prints what
+its heap held at the end less what it held at "before", by stack, and its heap over the run.
 
 GPU: on a machine with nvidia-smi, device memory in all and per sidecar process before, after and after close
 (--device cuda); otherwise "no GPU". --lance-cache-mib N (diagnostic) caps LanceDB's per-connection metadata and
@@ -73,6 +75,7 @@ DEVICE = os.environ.get("TR_SOAK_DEVICE", "cpu")  # --device sets it; spawned wo
 LANCE_CACHE_MIB = os.environ.get("TR_SOAK_LANCE_CACHE_MIB")  # --lance-cache-mib (diagnostic), inherited likewise
 SETTLE_S = float(os.environ.get("TR_SOAK_SETTLE_S", "15"))  # --settle-s, inherited likewise
 TRACE_FRAMES = int(os.environ.get("TR_SOAK_TRACEMALLOC", "0"))  # --tracemalloc N, inherited likewise
+NATIVE_HEAP_DIR = os.environ.get("TR_SOAK_NATIVE_HEAP")  # --native-heap DIR, inherited likewise
 MIX = os.environ.get("TR_SOAK_MIX", "balanced")  # --mix, inherited likewise
 # (add, delete) shares of the operations: "balanced" keeps the live rows about constant, so a worker's memory
 # after the run can be compared with its own before; "growing" adds twice what it deletes (the store grows).
@@ -333,6 +336,8 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
             close_barrier, queue, profile_dir: str | None, done_ops) -> None:
     t_spawned = time.monotonic()
     me = os.getpid()
+    # memray slows the process it records several times: one worker is enough to attribute, and the rest keep pace
+    native_tracker = _start_native_heap_trace(worker) if NATIVE_HEAP_DIR and worker == 0 else None
     memory = _open(Path(store))
     t_opened = time.monotonic()
     mix = _Mix(memory, worker, chat, seed=worker)
@@ -342,6 +347,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     warm_counts = dict(mix.counts)
     mix.reset_counters()
     warm_barrier.wait()  # the parent takes "before" now, with every worker warm
+    before_epoch_s = time.time()
     before = _snap(me, tmp)
     # the same figures as after the run, taken the same way: anonymous memory and glibc's heap after malloc_trim
     before["rss_kb_trimmed"] = trimmed_rss_kb()
@@ -370,6 +376,8 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
         if TRACE_FRAMES and i + 1 == max(1, ops // 5):
             traced_from = tracemalloc.take_snapshot()
     finished_at = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
+    if native_tracker is not None:
+        native_tracker.__exit__(None, None, None)
     elapsed = finished_at - t0
     if prof is not None:
         prof.disable()
@@ -386,6 +394,8 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     after["without_lance_caches"] = _without_lance_caches(memory, me)
     after["indexes"] = _index_sizes(memory)
+    if native_tracker is not None:
+        after["native_growth"] = _native_growth(_native_heap_file(worker), before_epoch_s)
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
@@ -407,6 +417,75 @@ def _traced_growth(before, after, top: int = 12) -> dict:
             "top": [{"kb": round(d.size_diff / 1024, 1), "blocks": d.count_diff,
                      "stack": [f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in d.traceback]}
                     for d in diff[:top]]}
+
+
+def _native_heap_file(worker: int) -> Path:
+    return Path(NATIVE_HEAP_DIR) / f"worker{worker}.bin"
+
+
+def _start_native_heap_trace(worker: int):
+    """Diagnostic (--native-heap DIR): from the worker's start to the end of its measured operations memray records
+    every allocation and free of this process (malloc from any library, LanceDB's and Arrow's included, and mmap), with
+    its native and Python stack, into DIR/workerN.bin, and the process's memory every 250 ms."""
+    import memray
+
+    path = _native_heap_file(worker)
+    path.unlink(missing_ok=True)
+    tracker = memray.Tracker(path, native_traces=True, follow_fork=False, memory_interval_ms=250)
+    tracker.__enter__()
+    return tracker
+
+
+def _native_growth(path: Path, since_epoch_s: float, top: int = 15, frames: int = 8, points: int = 11) -> dict:
+    """What the heap held at the end of the measured operations (--native-heap) less what it held at since_epoch_s
+    ("before"), by allocating stack, largest growth first: the native heap's growth told by who asked for it
+    (tracemalloc sees only Python's), net of what was freed. Frames of the allocator itself and of the
+    interpreter's call machinery are left out of each stack; a library without symbols (LanceDB's Rust core) shows
+    as <unknown>. Also the heap held over time, at `points` moments from the worker's start to the end of its run,
+    split into stacks without a single symbol and the rest: a cache that fills once and then stays level shows as
+    a step, a leak as a slope."""
+    import memray
+    import numpy as np
+
+    skip = ("malloc", "calloc", "realloc", "operator new", "_Py", "Py", "method_vectorcall", "cfunction_", "slot_",
+            "vectorcall", "trace_call_function", "do_call_core", "dispatcher_vectorcall")
+    groups: dict[tuple, list] = {}
+    with memray.FileReader(str(path)) as reader:
+        times = np.array([snap.time for snap in reader.get_memory_snapshots()], dtype=np.float64) / 1e3
+        since = int(np.searchsorted(times, since_epoch_s, side="right"))  # snapshots taken by then
+        change = np.zeros((2, len(times) + 2))  # bytes allocated (+) and freed (-) before each snapshot
+        for rec in reader.get_temporal_allocation_records(merge_threads=True):
+            held = [0, 0]  # bytes at `since`, at the end
+            for iv in rec.intervals:
+                gone = iv.deallocated_before_snapshot
+                if iv.allocated_before_snapshot <= since and (gone is None or gone > since):
+                    held[0] += iv.n_bytes
+                if gone is None:
+                    held[1] += iv.n_bytes
+            stack = rec.hybrid_stack_trace(max_stacks=40)
+            anonymous = all(fn == "<unknown>" for fn, _, _ in stack[:6])
+            for iv in rec.intervals:
+                change[int(anonymous), iv.allocated_before_snapshot] += iv.n_bytes
+                if iv.deallocated_before_snapshot is not None:
+                    change[int(anonymous), iv.deallocated_before_snapshot] -= iv.n_bytes
+            if held == [0, 0]:
+                continue
+            named = [f"{fn} ({os.path.basename(str(file))}:{line})" for fn, file, line in stack
+                     if not str(fn).startswith(skip)][:frames]
+            key = (rec.thread_name or "python", *named)
+            g = groups.setdefault(key, [0, 0])
+            g[0] += held[0]
+            g[1] += held[1]
+    held_over_time = np.cumsum(change, axis=1)
+    at = np.linspace(0, len(times) - 1, points).astype(int)
+    ranked = sorted(groups.items(), key=lambda kv: kv[1][0] - kv[1][1])
+    return {"held_kb_at_before": round(sum(g[0] for g in groups.values()) / 1024, 1),
+            "held_kb_at_end": round(sum(g[1] for g in groups.values()) / 1024, 1),
+            "over_time": {"s_from_before": [round(float(times[i] - since_epoch_s), 1) for i in at],
+                          "no_symbols_mb": [round(float(held_over_time[1, i]) / 2**20, 2) for i in at],
+                          "rest_mb": [round(float(held_over_time[0, i]) / 2**20, 2) for i in at]},
+            "top": [{"kb": round((g[1] - g[0]) / 1024, 1), "kb_before": round(g[0] / 1024, 1), "thread": key[0],
+                     "stack": list(key[1:])} for key, g in ranked[:top]]}
 
 
 def _settled(me: int) -> dict | None:
@@ -619,6 +698,7 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                      "without_lance_caches": r["after"].get("without_lance_caches"),
                      "indexes": r["after"].get("indexes"),
                      "traced_growth": r["after"].get("traced_growth"),
+                     "native_growth": r["after"].get("native_growth"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
                      "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
@@ -657,6 +737,11 @@ def main() -> None:
     ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
                     help="diagnostic: trace Python allocations in each worker's measured phase (this many frames per "
                          "stack) and print what it still holds at the end, by stack (slows the run)")
+    ap.add_argument("--native-heap", metavar="DIR",
+                    help="diagnostic: record every allocation and free of worker 0 (native and Python, with stacks, by "
+                         "memray) into DIR and print by stack what its heap held at the end less what it held at "
+                         "before, and its heap over time (needs the diagnostics extra: pip install '.[diagnostics]'; "
+                         "slows that worker several times)")
     ap.add_argument("--bounded-allocators", action="store_true",
                     help="run the workers and the sidecar with the README's settings for long-lived processes: "
                          "MALLOC_ARENA_MAX=2 and ARROW_DEFAULT_MEMORY_POOL=system (unless already set), so glibc's "
@@ -678,6 +763,9 @@ def main() -> None:
         LANCE_CACHE_MIB = os.environ["TR_SOAK_LANCE_CACHE_MIB"] = str(args.lance_cache_mib)
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
+    if args.native_heap:
+        os.makedirs(args.native_heap, exist_ok=True)
+        os.environ["TR_SOAK_NATIVE_HEAP"] = args.native_heap
     r = run(args.processes, args.ops, args.warmup, args.profile)
     r["allocator_env"] = {name: os.environ.get(name) for name in BOUNDED_ALLOCATORS}
     r["mix"], r["prefill_rows_per_worker"] = MIX, PREFILL
@@ -736,6 +824,14 @@ def main() -> None:
             print(f"[soak] worker {w['worker']}: Python allocations still held after the run: {growth['total_kb']} KB; "
                   f"largest: " + "; ".join(f"{g['kb']} KB in {g['blocks']} blocks at {' < '.join(g['stack'])}"
                                           for g in growth["top"][:6]), file=sys.stderr)
+        native = w.get("native_growth")
+        if native:
+            print(f"[soak] worker {w['worker']}: heap held (memray: malloc from every library, and mmap) "
+                  f"{native['held_kb_at_before']} KB at before -> {native['held_kb_at_end']} KB at the end of the run; "
+                  f"over time (s from before: MB in stacks without symbols, MB in the rest): "
+                  f"{list(zip(*native['over_time'].values()))}; largest growth by stack:\n" + "\n".join(
+                      f"    {g['kb']:+} KB (from {g['kb_before']}) [{g['thread']}] at {' < '.join(g['stack'])}"
+                      for g in native["top"]), file=sys.stderr)
     print(json.dumps(r))
 
 
