@@ -455,19 +455,18 @@ def _native_growth(path: Path, since_epoch_s: float, top: int = 15, frames: int 
         since = int(np.searchsorted(times, since_epoch_s, side="right"))  # snapshots taken by then
         change = np.zeros((2, len(times) + 2))  # bytes allocated (+) and freed (-) before each snapshot
         for rec in reader.get_temporal_allocation_records(merge_threads=True):
+            stack = rec.hybrid_stack_trace(max_stacks=40)
+            anonymous = int(all(fn == "<unknown>" for fn, _, _ in stack[:6]))
             held = [0, 0]  # bytes at `since`, at the end
             for iv in rec.intervals:
-                gone = iv.deallocated_before_snapshot
-                if iv.allocated_before_snapshot <= since and (gone is None or gone > since):
-                    held[0] += iv.n_bytes
+                born, gone = iv.allocated_before_snapshot, iv.deallocated_before_snapshot
+                change[anonymous, born] += iv.n_bytes
                 if gone is None:
                     held[1] += iv.n_bytes
-            stack = rec.hybrid_stack_trace(max_stacks=40)
-            anonymous = all(fn == "<unknown>" for fn, _, _ in stack[:6])
-            for iv in rec.intervals:
-                change[int(anonymous), iv.allocated_before_snapshot] += iv.n_bytes
-                if iv.deallocated_before_snapshot is not None:
-                    change[int(anonymous), iv.deallocated_before_snapshot] -= iv.n_bytes
+                else:
+                    change[anonymous, gone] -= iv.n_bytes
+                if born <= since and (gone is None or gone > since):
+                    held[0] += iv.n_bytes
             if held == [0, 0]:
                 continue
             named = [f"{fn} ({os.path.basename(str(file))}:{line})" for fn, file, line in stack

@@ -14,12 +14,10 @@ def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 class Relabels:
     """A listener like the FAISS index: follows every position through adds, removals and repacks."""
 
-    def __init__(self) -> None:
+    def __init__(self, mirror: VectorMirror) -> None:
+        self.mirror = mirror
         self.id_at: dict[int, int] = {}  # position -> id
         self.repacks = 0
-
-    def bind(self, mirror: VectorMirror) -> None:
-        self.mirror = mirror
 
     def on_add(self, positions: np.ndarray, vectors: np.ndarray) -> None:
         self.id_at.update(zip(positions.tolist(), self.mirror.ids_at(positions).tolist()))
@@ -40,9 +38,7 @@ def test_mirror_keeps_at_most_four_thirds_of_its_live_rows_under_churn_and_answe
     rng = np.random.default_rng(21)
     dim, batch = 16, 150
     mirror = VectorMirror(dim)
-    labels = Relabels()
-    labels.bind(mirror)
-    mirror.listener = labels
+    mirror.listener = labels = Relabels(mirror)
     vectors: dict[int, np.ndarray] = {}
     next_id = 0
 

@@ -123,8 +123,7 @@ def test_passes_that_walk_the_rows_backward_answer_exactly_as_forward_ones(pair)
     for start in range(0, n, 4096):
         cuda.upsert(ids[start:start + 4096], x[start:start + 4096], ns[start:start + 4096])
         cpu.upsert(ids[start:start + 4096], x[start:start + 4096], ns[start:start + 4096])
-    for qi in range(3):
-        q = unit_rows(rng, 1, dim)[0]
+    for q in unit_rows(rng, 3, dim):
         first, second = (cuda.search(q, k=k, touch=False) for _ in range(2))
         np.testing.assert_array_equal(first.ids, second.ids)
         np.testing.assert_array_equal(first.scores, second.scores)
