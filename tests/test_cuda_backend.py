@@ -175,6 +175,51 @@ def test_ties_broken_by_smaller_id(pair, k):
     np.testing.assert_array_equal(got.ids[0], cpu.search(v, k=k, touch=False).ids[0])
 
 
+@pytest.mark.parametrize("k", [10, 11, 32])
+def test_ties_in_every_block_beyond_the_merge_buffer(pair, k):
+    """40,000 equal rows: every scan block's list is k ties, so more entries pass the final merge's bound than its
+    buffer holds (on an H200's 264 lists, k 10 and 11: the one-trip merge falls back to its rounds; 32: the rounds
+    alone). The answer is the k smallest ids, as on the CPU."""
+    rng = np.random.default_rng(40_000 + k)
+    dim, n = 64, 40_000
+    cuda, cpu = pair(dim=dim, capacity=n)
+    v = unit_rows(rng, 1, dim)[0]
+    ids = rng.choice(10**12, size=n, replace=False).astype(np.int64)
+    for start in range(0, n, 4096):
+        part = ids[start:start + 4096]
+        for t in (cuda, cpu):
+            t.upsert(part, np.repeat(v[None, :], part.shape[0], axis=0), 1)
+    got = cuda.search(v, k=k, touch=False)
+    np.testing.assert_array_equal(got.ids[0], np.sort(ids)[:k])
+    np.testing.assert_array_equal(got.ids[0], cpu.search(v, k=k, touch=False).ids[0])
+
+
+def test_a_rare_namespace_right_after_unfiltered_passes(pair):
+    """Most scan blocks hold none of a rare namespace's rows and leave short lists, whose unused slots still hold
+    the previous (unfiltered) pass's entries: the merge must take none of them. 36 rows in one namespace and 4 (fewer
+    than k) in another, among 40,000."""
+    rng = np.random.default_rng(31)
+    dim, n, k = 128, 40_000, 10
+    cuda, cpu = pair(dim=dim, capacity=n)
+    x = unit_rows(rng, n, dim)
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    ns = np.full(n, NS[0], dtype=np.uint64)
+    rare = rng.choice(n, size=40, replace=False)
+    ns[rare[:36]] = NS[1]
+    ns[rare[36:]] = NS[2]
+    for start in range(0, n, 4096):
+        sl = slice(start, start + 4096)
+        for t in (cuda, cpu):
+            t.upsert(ids[sl], x[sl], ns[sl])
+    for q in unit_rows(rng, 3, dim):
+        for want in (None, int(NS[1]), None, int(NS[2])):
+            got = cuda.search(q, k=k, namespace_hash=want, touch=False)
+            assert_same(got, cpu.search(q, k=k, namespace_hash=want, touch=False), k, 2e-3)
+            if want is not None:
+                assert set(got.ids[0][got.ids[0] >= 0].tolist()) <= set(ids[ns == np.uint64(want)].tolist())
+        assert cuda.search(q, k=k, namespace_hash=int(NS[2]), touch=False).hits == 4
+
+
 def test_empty_tier_and_absent_namespace(pair):
     cuda, _ = pair(dim=32, capacity=100)
     q = unit_rows(np.random.default_rng(1), 1, 32)[0]
