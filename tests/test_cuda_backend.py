@@ -177,9 +177,9 @@ def test_ties_broken_by_smaller_id(pair, k):
 
 @pytest.mark.parametrize("k", [10, 11, 32])
 def test_ties_in_every_block_beyond_the_merge_buffer(pair, k):
-    """40,000 equal rows: every scan block's list is k ties, so more entries pass the final merge's bound than its
-    buffer holds (on an H200's 264 lists, k 10 and 11: the one-trip merge falls back to its rounds; 32: the rounds
-    alone). The answer is the k smallest ids, as on the CPU."""
+    """40,000 equal rows: every scan block's list is k ties, so every entry passes the final merge's bound (2,640
+    to 8,448 entries on an H200's 264 lists), more than one round of its candidate buffer (2,048): the selections
+    between rounds must keep the smallest ids. The answer is the k smallest ids, as on the CPU."""
     rng = np.random.default_rng(40_000 + k)
     dim, n = 64, 40_000
     cuda, cpu = pair(dim=dim, capacity=n)
