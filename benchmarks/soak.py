@@ -25,6 +25,10 @@ open, no operations): LanceDB's runtime starts threads for bursts of work (compa
 after about 10 idle seconds, and each keeps its stack and glibc's per-thread cache of freed blocks until then. Both also report their RSS after glibc's malloc_trim(0), which tells memory the allocator kept
 after it was freed from memory still in use, split into anonymous memory (what a process holds) and file-backed
 pages (mapped code: LanceDB's first flush maps ~16 MB more of its library, which no allocator can give back).
+Each worker also closes its store once before "before" and once after its run (after every other figure), and is
+measured with the store closed (after gc, --settle-s idle seconds and malloc_trim: what outlives the store in the
+process), then reopens it and does the warm-up again before "before", and at the end, where it is measured once
+more ("reopened": the same point of the life cycle as "before", with the run behind it).
 Finally, after every process has closed the store: is the sidecar gone, is /dev/shm as it was at the start, and
 GPU memory (or "no GPU").
 
@@ -284,6 +288,11 @@ class _Mix:
 
         self.memory._write_lock = timed
 
+    def reattach(self, memory) -> None:
+        """Carries on with a reopened store (same worker, rows and counters)."""
+        self.memory = memory
+        self._watch_write_lock()
+
     def _timed(self, kind: str, fn):
         self.kind = kind
         t0 = time.perf_counter()
@@ -344,6 +353,11 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     mix.prefill(PREFILL)
     for _ in range(warmup):
         mix.step()
+    # The same cycle as at the end (close, then reopen and warm up), so "closed" and "reopened" there have a
+    # "before" taken the same way: what the process holds with its store closed, and with it freshly reopened.
+    del memory  # mix.memory is now the one reference, which _close_and_reopen drops before measuring
+    closed_before = _close_and_reopen(mix, store, me, warmup)
+    memory = mix.memory
     warm_counts = dict(mix.counts)
     mix.reset_counters()
     warm_barrier.wait()  # the parent takes "before" now, with every worker warm
@@ -353,6 +367,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     before["rss_kb_trimmed"] = trimmed_rss_kb()
     before["rss_parts_trimmed"] = rss_parts_kb(me)
     before["malloc"] = malloc_kb()
+    before["closed"] = closed_before
     if TRACE_FRAMES:
         import tracemalloc
 
@@ -396,6 +411,13 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     after["indexes"] = _index_sizes(memory)
     if native_tracker is not None:
         after["native_growth"] = _native_growth(_native_heap_file(worker), before_epoch_s)
+    # Last, as it changes the store's state: close it (what outlives the store in the process), then reopen it
+    # and do the warm-up again, the very cycle "before" was taken after (what a long run leaves behind).
+    del memory
+    after["closed"] = _close_and_reopen(mix, store, me, warmup)
+    memory = mix.memory
+    after["reopened"] = {"rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me),
+                         "malloc": malloc_kb(), "fds": fds(me), "threads": threads(me)}
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
@@ -405,6 +427,33 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     done_barrier.wait()  # the parent takes "after" now, with every worker still attached
     close_barrier.wait()
     memory.close()
+
+
+def _close_and_reopen(mix: _Mix, store: str, me: int, warmup: int) -> dict:
+    """Closes the worker's store (mix.memory, which must be its last reference: a caller's variable would keep the
+    closed store's objects alive through the measurement) and measures the process without it (after gc, --settle-s
+    idle seconds and malloc_trim), then reopens it into mix.memory and does `warmup` operations of the mix (not
+    counted). Returns the figures taken with the store closed."""
+    import gc
+    import weakref
+
+    closed_store = weakref.ref(mix.memory)
+    mix.memory.close()
+    mix.memory = None
+    gc.collect()
+    still_referenced = closed_store() is not None  # then its objects count as the process's: reported, not hidden
+    time.sleep(SETTLE_S)  # LanceDB's threads for bursts of work exit after ~10 idle s (see _settled)
+    closed = {"rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me), "malloc": malloc_kb(),
+              "fds": fds(me), "threads": threads(me), "closed_store_still_referenced": still_referenced}
+    mix.reattach(_open(Path(store)))
+    tallies = ("counts", "seconds", "max_s", "lock_wait_s", "lock_held_s", "lock_n")
+    saved = {name: dict(getattr(mix, name)) for name in tallies}
+    for _ in range(warmup):
+        mix.step()
+    closed["reopen_warmup_errors"] = mix.counts["errors"] - saved["counts"]["errors"]
+    for name in tallies:  # the warm-up is not part of the measured operations
+        setattr(mix, name, saved[name])
+    return closed
 
 
 def _traced_growth(before, after, top: int = 12) -> dict:
@@ -690,6 +739,8 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                                                   "rss_parts_kb": r["before"].get("rss_parts_trimmed"),
                                                   "malloc_kb": r["before"].get("malloc")},
                      "rss_parts_kb_after_malloc_trim": r["after"].get("rss_parts_trimmed"),
+                     "store_closed": [r["before"].get("closed"), r["after"].get("closed")],
+                     "store_reopened": r["after"].get("reopened"),
                      "cached_memories": r["after"].get("cached_memories"),
                      "malloc_kb_after_malloc_trim": r["after"].get("malloc"),
                      "after_settling": r["after"].get("settled"),
@@ -807,6 +858,20 @@ def main() -> None:
           f"{SETTLE_S:g} idle s): {[f'{anon(b):.1f} -> {anon(a):.1f} (' + (f'{anon(s):.1f}' if s else 'not measured') + ')' for b, a, s in pairs]}; "
           f"change {[round(anon(a) - anon(b), 1) for b, a, _ in pairs]} MB; glibc in use before -> after: "
           f"{[in_use_pair(w) for w in r['workers']]}", file=sys.stderr)
+    closed = [[c or {} for c in w["store_closed"]] for w in r["workers"]]
+    reopened = [(w["before_after_malloc_trim"]["rss_parts_kb"], (w.get("store_reopened") or {}).get("rss_parts_trimmed"))
+                for w in r["workers"]]
+    closed_anon = [(anon(b.get("rss_parts_trimmed")), anon(a.get("rss_parts_trimmed"))) for b, a in closed]
+    print(f"[soak] each worker with its store closed (after gc and malloc_trim), anonymous MB, before -> after the run: "
+          f"{[f'{b:.1f} -> {a:.1f}' for b, a in closed_anon]}; change {[round(a - b, 1) for b, a in closed_anon]} MB; "
+          f"glibc {[heap(b.get('malloc')) + ' -> ' + heap(a.get('malloc')) for b, a in closed]}; "
+          f"threads {[(b.get('threads'), a.get('threads')) for b, a in closed]}, fds {[(b.get('fds'), a.get('fds')) for b, a in closed]}; "
+          f"a closed store still referenced: {sum(bool(c.get('closed_store_still_referenced')) for pair in closed for c in pair)} times",
+          file=sys.stderr)
+    print(f"[soak] each worker's store reopened and warmed up again (the cycle 'before' was taken after), anonymous MB "
+          f"after malloc_trim, before -> after: {[f'{anon(b):.1f} -> {anon(a):.1f}' for b, a in reopened]}; "
+          f"change {[round(anon(a) - anon(b), 1) for b, a in reopened]} MB; errors in those warm-ups "
+          f"{[(b.get('reopen_warmup_errors'), a.get('reopen_warmup_errors')) for b, a in closed]}", file=sys.stderr)
     no_lance = [w.get("without_lance_caches") or {} for w in r["workers"]]
     fresh_no_lance = steady.get("without_lance_caches") or {}
     print(f"[soak] then with a new LanceDB connection (empty session caches), after malloc_trim, MB: workers "
