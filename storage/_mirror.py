@@ -129,14 +129,18 @@ class VectorMirror:
         if self._repack_due():  # make room by dropping the dead rather than doubling the arrays around them
             self._repack(room=extra)
             return
-        new_cap = max(need, cap * 2)
+        self._reallocate(slice(0, self._n), self._n, max(need, cap * 2))
+
+    def _reallocate(self, take, rows: int, capacity: int) -> None:
+        """New arrays of `capacity` positions holding the `rows` positions `take` (a slice or an index array) at
+        their front; positions past them are free (not alive)."""
         for name in ("_ids", "_ns_codes", "_created", "_alive"):
             old = getattr(self, name)
-            new = np.zeros(new_cap, old.dtype)
-            new[: self._n] = old[: self._n]
+            new = np.zeros(capacity, old.dtype)
+            new[:rows] = old[take]
             setattr(self, name, new)
-        vectors = np.empty((new_cap, self.dim), np.float32)
-        vectors[: self._n] = self._vectors[: self._n]
+        vectors = np.empty((capacity, self.dim), np.float32)
+        vectors[:rows] = self._vectors[take]
         self._vectors = vectors
 
     # ---- changes -----------------------------------------------------------------------------
@@ -184,16 +188,7 @@ class VectorMirror:
         live = keep.shape[0]
         new_of_old = np.full(self._n, -1, np.int64)
         new_of_old[keep] = np.arange(live)
-        for name in ("_ids", "_ns_codes", "_created"):
-            old = getattr(self, name)
-            new = np.empty(live + room, old.dtype)
-            new[:live] = old[keep]
-            setattr(self, name, new)
-        vectors = np.empty((live + room, self.dim), np.float32)
-        vectors[:live] = self._vectors[keep]
-        self._vectors = vectors
-        self._alive = np.zeros(live + room, bool)
-        self._alive[:live] = True
+        self._reallocate(keep, live, live + room)
         self._n = live
         self._pos = {row_id: i for i, row_id in enumerate(self._ids[:live].tolist())}
         self._ns_bits.clear()
