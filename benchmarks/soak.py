@@ -237,6 +237,11 @@ def malloc_kb() -> dict | None:
     return {"in_use": (m.uordblks + m.hblkhd) // 1024, "free_held": m.fordblks // 1024, "mmapped": m.hblkhd // 1024}
 
 
+def _trimmed_figures(me: int) -> dict:
+    """This process after malloc_trim: RSS, its anonymous and file-backed parts, and glibc's account of its heap."""
+    return {"rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me), "malloc": malloc_kb()}
+
+
 def _snap(pid: int, tmp: str) -> dict:
     return {"rss_kb": rss_kb(pid), "fds": fds(pid), "threads": threads(pid), "fd_kinds": fd_kinds(pid, tmp)}
 
@@ -364,9 +369,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     before_epoch_s = time.time()
     before = _snap(me, tmp)
     # the same figures as after the run, taken the same way: anonymous memory and glibc's heap after malloc_trim
-    before["rss_kb_trimmed"] = trimmed_rss_kb()
-    before["rss_parts_trimmed"] = rss_parts_kb(me)
-    before["malloc"] = malloc_kb()
+    before.update(_trimmed_figures(me))
     before["closed"] = closed_before
     if TRACE_FRAMES:
         import tracemalloc
@@ -401,9 +404,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     if TRACE_FRAMES:
         after["traced_growth"] = _traced_growth(traced_from, tracemalloc.take_snapshot())
         tracemalloc.stop()
-    after["rss_kb_trimmed"] = trimmed_rss_kb()
-    after["rss_parts_trimmed"] = rss_parts_kb(me)
-    after["malloc"] = malloc_kb()
+    after.update(_trimmed_figures(me))
     after["cached_memories"] = memory.stats()["cached_memories"]
     after["settled"] = _settled(me)
     after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
@@ -416,8 +417,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     del memory
     after["closed"] = _close_and_reopen(mix, store, me, warmup)
     memory = mix.memory
-    after["reopened"] = {"rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me),
-                         "malloc": malloc_kb(), "fds": fds(me), "threads": threads(me)}
+    after["reopened"] = {**_trimmed_figures(me), "fds": fds(me), "threads": threads(me)}
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
@@ -443,8 +443,8 @@ def _close_and_reopen(mix: _Mix, store: str, me: int, warmup: int) -> dict:
     gc.collect()
     still_referenced = closed_store() is not None  # then its objects count as the process's: reported, not hidden
     time.sleep(SETTLE_S)  # LanceDB's threads for bursts of work exit after ~10 idle s (see _settled)
-    closed = {"rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me), "malloc": malloc_kb(),
-              "fds": fds(me), "threads": threads(me), "closed_store_still_referenced": still_referenced}
+    closed = {**_trimmed_figures(me), "fds": fds(me), "threads": threads(me),
+              "closed_store_still_referenced": still_referenced}
     mix.reattach(_open(Path(store)))
     tallies = ("counts", "seconds", "max_s", "lock_wait_s", "lock_held_s", "lock_n")
     saved = {name: dict(getattr(mix, name)) for name in tallies}
@@ -543,8 +543,7 @@ def _settled(me: int) -> dict | None:
     if not SETTLE_S:
         return None
     time.sleep(SETTLE_S)
-    return {"threads": threads(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me),
-            "malloc": malloc_kb()}
+    return {"threads": threads(me), **_trimmed_figures(me)}
 
 
 def _without_memory_cache(memory, me: int) -> dict | None:
@@ -593,13 +592,12 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
     for _ in range(warmup):
         mix.step()
     snap = _snap(me, tmp)
-    snap["rss_kb_trimmed"] = trimmed_rss_kb()
-    snap["rss_parts_trimmed"] = rss_parts_kb(me)
+    snap.update(_trimmed_figures(me))
     memory.cold.optimize()  # flushes the log first
     for _ in range(warmup):
         mix.step()
-    steady = {"rss_kb": rss_kb(me), "rss_kb_trimmed": trimmed_rss_kb(), "rss_parts_trimmed": rss_parts_kb(me),
-              "cached_memories": memory.stats()["cached_memories"], "threads": threads(me), "malloc": malloc_kb()}
+    steady = {"rss_kb": rss_kb(me), **_trimmed_figures(me), "cached_memories": memory.stats()["cached_memories"],
+              "threads": threads(me)}
     steady["settled"] = _settled(me)
     steady["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     steady["without_lance_caches"] = _without_lance_caches(memory, me)
