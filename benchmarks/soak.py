@@ -38,7 +38,8 @@ the share of wall time some process held it. A share near 1.0 means the run is b
 section (commit + cross-process sync), not by searches or the soak. --profile DIR writes a cProfile per worker;
 --tracemalloc N prints, per worker, the Python allocations the last four fifths of its run left behind, by stack;
 --native-heap DIR records worker 0 with memray (every malloc of every library, LanceDB's included) and prints what
-its heap held at the end less what it held at "before", by stack, and its heap over the run.
+its heap held at the end less what it held at "before", and with its store closed after the run less before it,
+by stack, and its heap over the run.
 
 GPU: on a machine with nvidia-smi, device memory in all and per sidecar process before, after and after close
 (--device cuda); otherwise "no GPU". --lance-cache-mib N (diagnostic) caps LanceDB's per-connection metadata and
@@ -394,8 +395,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
         if TRACE_FRAMES and i + 1 == max(1, ops // 5):
             traced_from = tracemalloc.take_snapshot()
     finished_at = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
-    if native_tracker is not None:
-        native_tracker.__exit__(None, None, None)
+    finished_epoch_s = time.time()
     elapsed = finished_at - t0
     if prof is not None:
         prof.disable()
@@ -410,14 +410,18 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     after["without_lance_caches"] = _without_lance_caches(memory, me)
     after["indexes"] = _index_sizes(memory)
-    if native_tracker is not None:
-        after["native_growth"] = _native_growth(_native_heap_file(worker), before_epoch_s)
     # Last, as it changes the store's state: close it (what outlives the store in the process), then reopen it
     # and do the warm-up again, the very cycle "before" was taken after (what a long run leaves behind).
     del memory
     after["closed"] = _close_and_reopen(mix, store, me, warmup)
     memory = mix.memory
     after["reopened"] = {**_trimmed_figures(me), "fds": fds(me), "threads": threads(me)}
+    if native_tracker is not None:  # reading the recording takes far more memory than any figure above
+        native_tracker.__exit__(None, None, None)
+        heap = _native_heap_file(worker)
+        after["native_growth"] = _native_growth(heap, before_epoch_s, finished_epoch_s)
+        after["native_growth_closed"] = _native_growth(heap, closed_before["at_epoch_s"],
+                                                       after["closed"]["at_epoch_s"])
     queue.put({"worker": worker, "pid": me, "open_s": round(t_opened - t_spawned, 2), "warmup_counts": warm_counts,
                **mix.counts, "seconds": {k: round(v, 3) for k, v in mix.seconds.items()},
                "max_ms": {k: round(v * 1e3, 1) for k, v in mix.max_s.items()}, "elapsed_s": round(elapsed, 2),
@@ -444,7 +448,7 @@ def _close_and_reopen(mix: _Mix, store: str, me: int, warmup: int) -> dict:
     still_referenced = closed_store() is not None  # then its objects count as the process's: reported, not hidden
     time.sleep(SETTLE_S)  # LanceDB's threads for bursts of work exit after ~10 idle s (see _settled)
     closed = {**_trimmed_figures(me), "fds": fds(me), "threads": threads(me),
-              "closed_store_still_referenced": still_referenced}
+              "closed_store_still_referenced": still_referenced, "at_epoch_s": time.time()}
     mix.reattach(_open(Path(store)))
     tallies = ("counts", "seconds", "max_s", "lock_wait_s", "lock_held_s", "lock_n")
     saved = {name: dict(getattr(mix, name)) for name in tallies}
@@ -473,7 +477,7 @@ def _native_heap_file(worker: int) -> Path:
 
 
 def _start_native_heap_trace(worker: int):
-    """Diagnostic (--native-heap DIR): from the worker's start to the end of its measured operations memray records
+    """Diagnostic (--native-heap DIR): from the worker's start to its last close and reopen memray records
     every allocation and free of this process (malloc from any library, LanceDB's and Arrow's included, and mmap), with
     its native and Python stack, into DIR/workerN.bin, and the process's memory every 250 ms."""
     import memray
@@ -485,9 +489,11 @@ def _start_native_heap_trace(worker: int):
     return tracker
 
 
-def _native_growth(path: Path, since_epoch_s: float, top: int = 15, frames: int = 8, points: int = 11) -> dict:
-    """What the heap held at the end of the measured operations (--native-heap) less what it held at since_epoch_s
-    ("before"), by allocating stack, largest growth first: the native heap's growth told by who asked for it
+def _native_growth(path: Path, since_epoch_s: float, until_epoch_s: float, top: int = 15, frames: int = 8,
+                   points: int = 11) -> dict:
+    """What the heap held at until_epoch_s (--native-heap) less what it held at since_epoch_s (the end of the
+    measured operations less "before"; or with the store closed, after the run less before it), by allocating
+    stack, largest growth first: the native heap's growth told by who asked for it
     (tracemalloc sees only Python's), net of what was freed. Frames of the allocator itself and of the
     interpreter's call machinery are left out of each stack; a library without symbols (LanceDB's Rust core) shows
     as <unknown>. Also the heap held over time, at `points` moments from the worker's start to the end of its run,
@@ -501,21 +507,22 @@ def _native_growth(path: Path, since_epoch_s: float, top: int = 15, frames: int 
     groups: dict[tuple, list] = {}
     with memray.FileReader(str(path)) as reader:
         times = np.array([snap.time for snap in reader.get_memory_snapshots()], dtype=np.float64) / 1e3
-        since = int(np.searchsorted(times, since_epoch_s, side="right"))  # snapshots taken by then
+        # the last snapshot taken by each moment: the next one may already hold what the process did right after
+        since = max(0, int(np.searchsorted(times, since_epoch_s, side="right")) - 1)
+        until = max(0, int(np.searchsorted(times, until_epoch_s, side="right")) - 1)
         change = np.zeros((2, len(times) + 2))  # bytes allocated (+) and freed (-) before each snapshot
         for rec in reader.get_temporal_allocation_records(merge_threads=True):
             stack = rec.hybrid_stack_trace(max_stacks=40)
             anonymous = int(all(fn == "<unknown>" for fn, _, _ in stack[:6]))
-            held = [0, 0]  # bytes at `since`, at the end
+            held = [0, 0]  # bytes at `since`, at `until`
             for iv in rec.intervals:
                 born, gone = iv.allocated_before_snapshot, iv.deallocated_before_snapshot
                 change[anonymous, born] += iv.n_bytes
-                if gone is None:
-                    held[1] += iv.n_bytes
-                else:
+                if gone is not None:
                     change[anonymous, gone] -= iv.n_bytes
-                if born <= since and (gone is None or gone > since):
-                    held[0] += iv.n_bytes
+                for i, at_snapshot in enumerate((since, until)):
+                    if born <= at_snapshot and (gone is None or gone > at_snapshot):
+                        held[i] += iv.n_bytes
             if held == [0, 0]:
                 continue
             named = [f"{fn} ({os.path.basename(str(file))}:{line})" for fn, file, line in stack
@@ -525,11 +532,11 @@ def _native_growth(path: Path, since_epoch_s: float, top: int = 15, frames: int 
             g[0] += held[0]
             g[1] += held[1]
     held_over_time = np.cumsum(change, axis=1)
-    at = np.linspace(0, len(times) - 1, points).astype(int)
+    at = np.linspace(0, min(until, len(times) - 1), points).astype(int)
     ranked = sorted(groups.items(), key=lambda kv: kv[1][0] - kv[1][1])
-    return {"held_kb_at_before": round(sum(g[0] for g in groups.values()) / 1024, 1),
-            "held_kb_at_end": round(sum(g[1] for g in groups.values()) / 1024, 1),
-            "over_time": {"s_from_before": [round(float(times[i] - since_epoch_s), 1) for i in at],
+    return {"held_kb_at_since": round(sum(g[0] for g in groups.values()) / 1024, 1),
+            "held_kb_at_until": round(sum(g[1] for g in groups.values()) / 1024, 1),
+            "over_time": {"s_from_since": [round(float(times[i] - since_epoch_s), 1) for i in at],
                           "no_symbols_mb": [round(float(held_over_time[1, i]) / 2**20, 2) for i in at],
                           "rest_mb": [round(float(held_over_time[0, i]) / 2**20, 2) for i in at]},
             "top": [{"kb": round((g[1] - g[0]) / 1024, 1), "kb_before": round(g[0] / 1024, 1), "thread": key[0],
@@ -747,6 +754,7 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                      "indexes": r["after"].get("indexes"),
                      "traced_growth": r["after"].get("traced_growth"),
                      "native_growth": r["after"].get("native_growth"),
+                     "native_growth_closed": r["after"].get("native_growth_closed"),
                      "fds": [r["before"]["fds"], r["after"]["fds"]], "threads": [r["before"]["threads"], r["after"]["threads"]],
                      "fd_kinds_change": _diff_kinds(r["before"]["fd_kinds"], r["after"]["fd_kinds"]),
                      "trajectory_ops_s_rss_kb_fds": r["trajectory"]} for r in sorted(results, key=lambda r: r["worker"])],
@@ -788,7 +796,7 @@ def main() -> None:
     ap.add_argument("--native-heap", metavar="DIR",
                     help="diagnostic: record every allocation and free of worker 0 (native and Python, with stacks, by "
                          "memray) into DIR and print by stack what its heap held at the end less what it held at "
-                         "before, and its heap over time (needs the diagnostics extra: pip install '.[diagnostics]'; "
+                         "before (and with the store closed, after the run less before it), and its heap over time (needs the diagnostics extra: pip install '.[diagnostics]'; "
                          "slows that worker several times)")
     ap.add_argument("--bounded-allocators", action="store_true",
                     help="run the workers and the sidecar with the README's settings for long-lived processes: "
@@ -886,14 +894,16 @@ def main() -> None:
             print(f"[soak] worker {w['worker']}: Python allocations still held after the run: {growth['total_kb']} KB; "
                   f"largest: " + "; ".join(f"{g['kb']} KB in {g['blocks']} blocks at {' < '.join(g['stack'])}"
                                           for g in growth["top"][:6]), file=sys.stderr)
-        native = w.get("native_growth")
-        if native:
-            print(f"[soak] worker {w['worker']}: heap held (memray: malloc from every library, and mmap) "
-                  f"{native['held_kb_at_before']} KB at before -> {native['held_kb_at_end']} KB at the end of the run; "
-                  f"over time (s from before: MB in stacks without symbols, MB in the rest): "
-                  f"{list(zip(*native['over_time'].values()))}; largest growth by stack:\n" + "\n".join(
-                      f"    {g['kb']:+} KB (from {g['kb_before']}) [{g['thread']}] at {' < '.join(g['stack'])}"
-                      for g in native["top"]), file=sys.stderr)
+        for key, since, until in (("native_growth", "before", "the end of the run"),
+                                  ("native_growth_closed", "closed before the run", "closed after it")):
+            native = w.get(key)
+            if native:
+                print(f"[soak] worker {w['worker']}: heap held (memray: malloc from every library, and mmap) "
+                      f"{native['held_kb_at_since']} KB at {since} -> {native['held_kb_at_until']} KB at {until}; "
+                      f"over time (s from {since}: MB in stacks without symbols, MB in the rest): "
+                      f"{list(zip(*native['over_time'].values()))}; largest growth by stack:\n" + "\n".join(
+                          f"    {g['kb']:+} KB (from {g['kb_before']}) [{g['thread']}] at {' < '.join(g['stack'])}"
+                          for g in native["top"]), file=sys.stderr)
     print(json.dumps(r))
 
 
