@@ -75,6 +75,31 @@ def test_batched_queries_and_short_results(start):
     assert empty.hits == 0
 
 
+def test_results_are_the_callers_own_across_changing_k(start):
+    """One thread's searches share the client's scratch buffers (one tr_search_call, views kept per k): each
+    result must be a copy of exactly k entries that a later search, with another k, does not overwrite."""
+    rng = np.random.default_rng(11)
+    dim, n = 32, 200
+    _, hot = start(dim=dim, capacity=n)
+    x = unit_rows(rng, n, dim)
+    ids = np.arange(1000, 1000 + n, dtype=np.int64)
+    hot.upsert(ids, x, 1)
+    queries = unit_rows(rng, 6, dim)
+    kept = []
+    for q, k in zip(queries, (3, 7, 3, 1, 7, 12)):
+        got = hot.search(q, k=k)
+        exp_ids, exp_scores = exact_topk(x, ids, q, k)
+        assert got.ids.shape == (1, k) and got.scores.shape == (1, k)
+        np.testing.assert_array_equal(got.ids[0], exp_ids)
+        np.testing.assert_allclose(got.scores[0], exp_scores, rtol=0, atol=1e-5)
+        kept.append((got, exp_ids.copy()))
+    for got, exp_ids in kept:  # earlier results are untouched by the searches after them
+        np.testing.assert_array_equal(got.ids[0], exp_ids)
+    batch = hot.search(queries[:2].copy(), k=4)  # several queries: their own buffers, not the scratch
+    for row, q in enumerate(queries[:2]):
+        np.testing.assert_array_equal(batch.ids[row], exact_topk(x, ids, q, 4)[0])
+
+
 def test_ties_broken_by_smaller_id(start):
     _, hot = start(dim=4, capacity=10)
     v = np.array([[1, 0, 0, 0]] * 4, dtype=np.float32)

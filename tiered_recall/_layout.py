@@ -1,10 +1,10 @@
-"""ctypes mirror of native/include/tiered_recall/layout.h; tests/test_layout.py checks it against the sidecar's JSON."""
+"""ctypes mirror of native/include/tiered_recall/layout.h and client.h; tests/test_layout.py checks it against the sidecar's JSON."""
 from __future__ import annotations
 
 import ctypes as C
 
 MAGIC = 0x004C4C4143455254
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_BYTES = 1024
 SLOT_HEADER_BYTES = 256
 MESSAGE_BYTES = 160
@@ -56,7 +56,7 @@ E_NS_TABLE_FULL = -8
 E_ZERO_VECTOR = -9
 E_INTERNAL = -10
 
-# Return codes of tr_client_call (native/src/client.c), not part of the segment.
+# Return codes of libtrclient's calls (client.h), not part of the segment.
 CALL_OK = 0
 CALL_TIMEOUT = 1
 CALL_DEAD = 2
@@ -169,7 +169,7 @@ class ClientEntry(C.Structure):
 
 
 class CallResult(C.Structure):
-    """tr_call_result of native/src/client.c."""
+    """tr_call_result of client.h."""
 
     _fields_ = [
         ("status", C.c_int32),
@@ -181,7 +181,27 @@ class CallResult(C.Structure):
     ]
 
 
-STRUCTS = {"tr_header": Header, "tr_slot": Slot, "tr_ns_entry": NsEntry, "tr_client_entry": ClientEntry}
+class SearchCall(C.Structure):
+    """tr_search_call of client.h: one search, passed to tr_client_search by one pointer."""
+
+    _fields_ = [
+        ("base", C.c_void_p),
+        ("queries", C.c_void_p),
+        ("ids", C.c_void_p),
+        ("scores", C.c_void_p),
+        ("result", C.c_void_p),
+        ("timeout_ns", C.c_int64),
+        ("spin_ns", C.c_int64),
+        ("ns_hash", C.c_uint64),
+        ("pid", C.c_int32),
+        ("flags", C.c_uint32),
+        ("k", C.c_uint32),
+        ("nq", C.c_uint32),
+    ]
+
+
+STRUCTS = {"tr_header": Header, "tr_slot": Slot, "tr_ns_entry": NsEntry, "tr_client_entry": ClientEntry,
+           "tr_call_result": CallResult, "tr_search_call": SearchCall}
 
 # Constant names as the C header spells them, for the mirror test.
 CONSTANTS = {
@@ -201,5 +221,6 @@ CONSTANTS = {
     "TR_E_BAD_K": E_BAD_K, "TR_E_BAD_COUNT": E_BAD_COUNT, "TR_E_BAD_PAYLOAD": E_BAD_PAYLOAD,
     "TR_E_NOT_FINITE": E_NOT_FINITE, "TR_E_FULL": E_FULL, "TR_E_BAD_FLAGS": E_BAD_FLAGS,
     "TR_E_NS_TABLE_FULL": E_NS_TABLE_FULL, "TR_E_ZERO_VECTOR": E_ZERO_VECTOR,
-    "TR_E_INTERNAL": E_INTERNAL,
+    "TR_E_INTERNAL": E_INTERNAL, "TR_CALL_OK": CALL_OK, "TR_CALL_TIMEOUT": CALL_TIMEOUT, "TR_CALL_DEAD": CALL_DEAD,
+    "TR_CALL_NO_SLOT": CALL_NO_SLOT, "TR_CALL_TOO_LARGE": CALL_TOO_LARGE, "TR_CALL_NOT_READY": CALL_NOT_READY,
 }

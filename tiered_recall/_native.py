@@ -77,11 +77,7 @@ def client_library() -> C.CDLL:
         C.POINTER(L.CallResult),
     ]
     lib.tr_client_search.restype = C.c_int
-    lib.tr_client_search.argtypes = [
-        C.c_void_p, C.c_int32, C.c_uint32, C.c_uint32, C.c_uint32, C.c_uint64,  # base pid flags k nq ns
-        C.c_void_p, C.c_void_p, C.c_void_p,  # queries ids scores
-        C.c_int64, C.c_int64, C.POINTER(L.CallResult),
-    ]
+    lib.tr_client_search.argtypes = [C.c_void_p]  # const tr_search_call * (L.SearchCall), by address
     if lib.tr_client_abi_version() != L.LAYOUT_VERSION:
         raise SidecarUnavailable(
             f"libtrclient speaks layout {lib.tr_client_abi_version()}, the Python package "

@@ -10,26 +10,7 @@
 #include <unistd.h>
 
 #include "platform.h"
-#include "tiered_recall/layout.h"
-
-/* tr_client_call return codes (the sidecar's own status is in result->status). */
-enum {
-    TR_CALL_OK = 0,
-    TR_CALL_TIMEOUT = 1,    /* the sidecar did not answer in time */
-    TR_CALL_DEAD = 2,       /* the sidecar process is gone */
-    TR_CALL_NO_SLOT = 3,    /* every slot stayed busy until the timeout */
-    TR_CALL_TOO_LARGE = 4,  /* input or output does not fit a slot's payload */
-    TR_CALL_NOT_READY = 5,  /* the segment is not (or no longer) served */
-};
-
-typedef struct tr_call_result {
-    int32_t status;
-    uint32_t reply_count;
-    uint64_t service_ns;
-    uint32_t slot;
-    uint32_t reserved;
-    char message[TR_MESSAGE_BYTES];
-} tr_call_result;
+#include "tiered_recall/client.h"
 
 #define LIVENESS_CHECK_NS (20ull * 1000 * 1000)
 
@@ -194,20 +175,18 @@ int tr_client_call(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uin
 }
 
 /* One search, results straight into the caller's ids (nq x k) and scores (nq x k) arrays. */
-int tr_client_search(void *base, int32_t pid, uint32_t flags, uint32_t k, uint32_t nq, uint64_t ns_hash,
-                     const float *queries, int64_t *ids, float *scores, int64_t timeout_ns, int64_t spin_ns,
-                     tr_call_result *result) {
-    tr_header *h = base;
-    uint64_t in_bytes = (uint64_t)nq * h->dim * sizeof(float);
-    if (TR_SEARCH_BYTES(nq, h->dim, k) > h->slot_payload_bytes) return TR_CALL_TOO_LARGE;
+int tr_client_search(const tr_search_call *c) {
+    tr_header *h = c->base;
+    uint64_t in_bytes = (uint64_t)c->nq * h->dim * sizeof(float);
+    if (TR_SEARCH_BYTES(c->nq, h->dim, c->k) > h->slot_payload_bytes) return TR_CALL_TOO_LARGE;
     tr_slot *slot = NULL;
-    int rc = request(base, pid, TR_OP_SEARCH, flags, k, nq, ns_hash, queries, in_bytes, timeout_ns, spin_ns,
-                     result, &slot);
+    int rc = request(c->base, c->pid, TR_OP_SEARCH, c->flags, c->k, c->nq, c->ns_hash, c->queries, in_bytes,
+                     c->timeout_ns, c->spin_ns, c->result, &slot);
     if (rc != TR_CALL_OK) return rc;
-    if (result->status == TR_OK) {
-        const unsigned char *out = tr_slot_payload(slot) + TR_SEARCH_RESULT_OFFSET(nq, h->dim);
-        memcpy(ids, out, (size_t)nq * k * sizeof(int64_t));
-        memcpy(scores, out + (size_t)nq * k * sizeof(int64_t), (size_t)nq * k * sizeof(float));
+    if (c->result->status == TR_OK) {
+        const unsigned char *out = tr_slot_payload(slot) + TR_SEARCH_RESULT_OFFSET(c->nq, h->dim);
+        memcpy(c->ids, out, (size_t)c->nq * c->k * sizeof(int64_t));
+        memcpy(c->scores, out + (size_t)c->nq * c->k * sizeof(int64_t), (size_t)c->nq * c->k * sizeof(float));
     }
     release_slot(slot);
     return TR_CALL_OK;

@@ -1,8 +1,9 @@
-/* Prints the segment layout (struct sizes, field offsets, constants) as JSON for the Python mirror's test. */
+/* Prints the segment layout and libtrclient's call structs (sizes, field offsets, constants) as JSON for the
+ * Python mirror's test. */
 #include <stddef.h>
 #include <stdio.h>
 
-#include "tiered_recall/layout.h"
+#include "tiered_recall/client.h"
 
 #define FIELD(type, name) \
     printf("%s\"%s\": [%zu, %zu]", first ? "" : ", ", #name, offsetof(type, name), sizeof(((type *)0)->name)); \
@@ -41,6 +42,16 @@ void tr_print_layout_json(void) {
     printf("}},\n \"tr_client_entry\": {\"size\": %zu, \"fields\": {", sizeof(tr_client_entry));
     first = 1;
     FIELD(tr_client_entry, pid)
+    printf("}},\n \"tr_call_result\": {\"size\": %zu, \"fields\": {", sizeof(tr_call_result));
+    first = 1;
+    FIELD(tr_call_result, status) FIELD(tr_call_result, reply_count) FIELD(tr_call_result, service_ns)
+    FIELD(tr_call_result, slot) FIELD(tr_call_result, message)
+    printf("}},\n \"tr_search_call\": {\"size\": %zu, \"fields\": {", sizeof(tr_search_call));
+    first = 1;
+    FIELD(tr_search_call, base) FIELD(tr_search_call, queries) FIELD(tr_search_call, ids)
+    FIELD(tr_search_call, scores) FIELD(tr_search_call, result) FIELD(tr_search_call, timeout_ns)
+    FIELD(tr_search_call, spin_ns) FIELD(tr_search_call, ns_hash) FIELD(tr_search_call, pid)
+    FIELD(tr_search_call, flags) FIELD(tr_search_call, k) FIELD(tr_search_call, nq)
     printf("}},\n \"constants\": {");
     first = 1;
     CONST(TR_HEADER_BYTES) CONST(TR_SLOT_HEADER_BYTES) CONST(TR_MESSAGE_BYTES) CONST(TR_MAX_CLIENTS)
@@ -55,5 +66,7 @@ void tr_print_layout_json(void) {
     CONST(TR_OK) CONST(TR_E_BAD_OPCODE) CONST(TR_E_BAD_K) CONST(TR_E_BAD_COUNT) CONST(TR_E_BAD_PAYLOAD)
     CONST(TR_E_NOT_FINITE) CONST(TR_E_FULL) CONST(TR_E_BAD_FLAGS) CONST(TR_E_NS_TABLE_FULL)
     CONST(TR_E_ZERO_VECTOR) CONST(TR_E_INTERNAL)
+    CONST(TR_CALL_OK) CONST(TR_CALL_TIMEOUT) CONST(TR_CALL_DEAD) CONST(TR_CALL_NO_SLOT) CONST(TR_CALL_TOO_LARGE)
+    CONST(TR_CALL_NOT_READY)
     printf("},\n \"segment_prefix\": \"%s\"}\n", TR_SEGMENT_PREFIX);
 }

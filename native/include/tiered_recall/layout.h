@@ -28,8 +28,9 @@
 
 /* "TRECALL\0" read as a little-endian u64. */
 #define TR_MAGIC 0x004C4C4143455254ULL
-/* Bump on any change to a struct, constant or payload formula below. */
-#define TR_LAYOUT_VERSION 1u
+/* Bump on any change to a struct, constant or payload formula below, or to libtrclient's call interface
+ * (tiered_recall/client.h). */
+#define TR_LAYOUT_VERSION 2u
 
 #define TR_CACHELINE 64u
 #define TR_HEADER_BYTES 1024u
