@@ -410,6 +410,14 @@ __global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t d
 #define TR_BQ_STAGE 4    /* 32-half chunks per register stage (two stages: one loading, one in the mmas) */
 #define TR_BQ_INLINE 128 /* uint4 of f16 queries that ride in the kernel parameters (2 KB) */
 #define TR_BQ_MCB 2304   /* merge buffer: one 2048-entry round + kept */
+#define TR_MERGE_SLOTS 12       /* the merge's one-trip path: up to this many list slots per thread (G x k) */
+#define TR_MERGE_BOUND_GROUPS 2 /* ... and up to this many groups of 32 lists per warp (G <= 512) */
+/* The persistent kernel with the one-trip merge is a second instantiation, used for tiers up to this many rows
+ * (TR_CUDA_ONE_TRIP_MAX_ROWS overrides). In one kernel with the scan, it made the scan slower the more rounds each
+ * block walks, path taken or not (H200, 768 dims, go -> last ticket: 100k rows 43.3 -> 43.2 us, 250k 101.6 -> 107.7,
+ * 1M 402 -> 425), while its merge is 2.2 us shorter; as its own instantiation the other kernel compiles as before
+ * (1M: 403.5 and 402.8 us without it, 402.7 and 401.9 with it). */
+#define TR_ONE_TRIP_MAX_ROWS 131072ull
 #define TR_BQ_FUSE_MAX 2 /* up to this many queries per pass: the scan's last block merges (one launch);
                           * more: a merge kernel, one block per query (TR_CUDA_FUSE_MAX overrides) */
 static_assert(TR_BQ_CB - TR_BQ_ROUND >= TR_BQ_MAX_K, "a flush must leave room for a round");
@@ -507,6 +515,7 @@ __device__ unsigned warp_select(float *s, long long *id, unsigned n, unsigned k)
     return m;
 }
 
+template <bool ONE_TRIP>
 __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
                             unsigned &mcnt, float &mthr, float *wmax, unsigned long long *stamp = nullptr);
 
@@ -787,7 +796,7 @@ batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__
     /* the scan's shared memory is free now: the merge buffer aliases it (batch_smem sizes it) */
     long long *mid = reinterpret_cast<long long *>(bsm);
     float *ms = reinterpret_cast<float *>(mid + TR_BQ_MCB);
-    for (unsigned qi = 0; qi < p.nq; qi++) merge_query(p, G, qi, ms, mid, mcnt, mthr, wmax);
+    for (unsigned qi = 0; qi < p.nq; qi++) merge_query<false>(p, G, qi, ms, mid, mcnt, mthr, wmax);
     if (tid == 0) *p.done = 0; /* ready for the next launch on this stream */
 }
 
@@ -795,6 +804,7 @@ batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__
  * entries of shared memory; mcnt/mthr/wmax: shared scratch). Reads the partial lists with __ldcg:
  * in the fused scan they were written by other blocks of the same launch (ordered by the ticket's
  * fences), so they must come from L2, never from a stale L1 line. */
+template <bool ONE_TRIP>
 __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
                             unsigned &mcnt, float &mthr, float *wmax, unsigned long long *stamp) {
     const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
@@ -802,70 +812,156 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
     const unsigned *pn = p.part_n + (size_t)qi * G;
     const float *ps = p.part_s + (size_t)qi * G * TR_BQ_MAX_K;
     const long long *pid = p.part_id + (size_t)qi * G * TR_BQ_MAX_K;
-    /* Lower bounds on the global k-th score: the k-th entry of any list that holds k, and the k-th best
-     * of the lists' first entries within a group of 32 lists (k entries of distinct lists). The second is
-     * far tighter when many lists each hold a few of the global best (1M rows over 264 lists: ~900
-     * entries pass the first alone, ~50 with both), which keeps the final selection small. */
-    float local = -INFINITY;
-    for (unsigned g = warp; g * 32 < G; g += TR_CUDA_WARPS) {
-        const unsigned b = g * 32 + lane;
-        /* the scores are loaded beside the count, not after it (one L2 round trip, not two): a list's
-         * slots always exist, and what lies past its count is ignored */
-        const unsigned n = b < G ? __ldcg(pn + b) : 0u;
-        const float kth = b < G ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K + k - 1) : -INFINITY;
-        const float first = b < G ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K) : -INFINITY;
-        if (n == k) local = fmaxf(local, kth);
-        if (k <= 32) {
-            const float top = warp_sort_desc(n ? first : -INFINITY);
-            local = fmaxf(local, __shfl_sync(0xffffffffu, top, k - 1));
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
-    __syncthreads(); /* the previous query's readers of wmax/mcnt/mthr are done */
-    if (lane == 0) wmax[warp] = local;
-    if (tid == 0) mcnt = 0;
-    __syncthreads();
-    if (tid == 0) {
-        float bnd = -INFINITY;
-        for (int w = 0; w < TR_CUDA_WARPS; w++) bnd = fmaxf(bnd, wmax[w]);
-        mthr = bnd;
-        if (stamp) stamp[0] = global_ns();
-    }
-    __syncthreads();
     const unsigned total = G * k;
-    for (unsigned base = 0; base < total; base += 8 * TR_CUDA_BLOCK) {
-        float s[8];
-        long long d[8];
-        unsigned n[8];
-        bool ok[8];
+    bool merged = false; /* the one-trip path below has the candidates in ms/mid */
+    if (ONE_TRIP && total <= TR_MERGE_SLOTS * TR_CUDA_BLOCK && k <= 32 && G <= TR_MERGE_BOUND_GROUPS * TR_CUDA_BLOCK) {
+        /* One trip to L2: every thread loads its slots (scores and ids) and its warp's share of the bound's
+         * entries at once, and filters after the bound is known. The bounds first and then the slots in
+         * rounds of 2,048 were four dependent trips at 264 lists (6.9 us of the merge at 100k x 768). Each
+         * slot's list count is loaded beside it: slots past it hold an earlier pass's entries. */
+        float kth[TR_MERGE_BOUND_GROUPS], first[TR_MERGE_BOUND_GROUPS];
+        unsigned nb[TR_MERGE_BOUND_GROUPS];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const unsigned e = base + i * TR_CUDA_BLOCK + tid;
-            const unsigned b = e < total ? e / k : 0u, j = e < total ? e - b * k : 0u;
-            n[i] = __ldcg(pn + b); /* as above: the entry's loads do not wait for its list's count */
-            s[i] = __ldcg(ps + (size_t)b * TR_BQ_MAX_K + j);
-            d[i] = __ldcg(pid + (size_t)b * TR_BQ_MAX_K + j);
-            ok[i] = e < total && j < n[i];
+        for (int u = 0; u < TR_MERGE_BOUND_GROUPS; u++) {
+            const unsigned b = (warp + u * TR_CUDA_WARPS) * 32 + lane;
+            nb[u] = b < G ? __ldcg(pn + b) : 0u;
+            kth[u] = b < G ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K + k - 1) : -INFINITY;
+            first[u] = b < G ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K) : -INFINITY;
         }
-        const float th = mthr;
+        float s[TR_MERGE_SLOTS];
+        long long d[TR_MERGE_SLOTS];
+        unsigned n[TR_MERGE_SLOTS];
+        /* slot e = i * TR_CUDA_BLOCK + tid is entry j of list b (e = b * k + j), stepped without a division */
+        const unsigned step_b = TR_CUDA_BLOCK / k, step_j = TR_CUDA_BLOCK - step_b * k;
+        const unsigned b0 = tid / k, j0 = tid - b0 * k;
+        {
+            unsigned b = b0, j = j0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            if (ok[i] && s[i] >= th) {
+            for (int i = 0; i < TR_MERGE_SLOTS; i++) {
+                const bool in = i * TR_CUDA_BLOCK + tid < total;
+                n[i] = in ? __ldcg(pn + b) : 0u;
+                s[i] = in ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K + j) : -INFINITY;
+                d[i] = in ? __ldcg(pid + (size_t)b * TR_BQ_MAX_K + j) : 0;
+                b += step_b;
+                j += step_j;
+                if (j >= k) {
+                    j -= k;
+                    b++;
+                }
+            }
+        }
+        /* the bound, as below: the k-th entry of any list that holds k, and the k-th best of the first
+         * entries within each group of 32 lists */
+        float local = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < TR_MERGE_BOUND_GROUPS; u++) {
+            if ((warp + u * TR_CUDA_WARPS) * 32 < G) { /* warp-uniform */
+                if (nb[u] == k) local = fmaxf(local, kth[u]);
+                const float top = warp_sort_desc(nb[u] ? first[u] : -INFINITY);
+                local = fmaxf(local, __shfl_sync(0xffffffffu, top, k - 1));
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
+        __syncthreads(); /* the previous query's readers of wmax/mcnt/ms are done */
+        if (lane == 0) wmax[warp] = local;
+        if (tid == 0) mcnt = 0;
+        __syncthreads();
+        float bnd = wmax[0];
+#pragma unroll
+        for (int w = 1; w < TR_CUDA_WARPS; w++) bnd = fmaxf(bnd, wmax[w]);
+        if (stamp && tid == 0) stamp[0] = global_ns();
+        unsigned j = j0;
+#pragma unroll
+        for (int i = 0; i < TR_MERGE_SLOTS; i++) {
+            const bool take = j < n[i] && s[i] >= bnd; /* n[i] = 0 past the slots */
+            j += step_j;
+            if (j >= k) j -= k;
+            if (take) {
                 const unsigned pos = atomicAdd(&mcnt, 1u);
-                ms[pos] = s[i];
-                mid[pos] = d[i];
+                if (pos < TR_BQ_MCB) {
+                    ms[pos] = s[i];
+                    mid[pos] = d[i];
+                }
             }
         }
         __syncthreads();
-        if (warp == 0 && mcnt > TR_BQ_MCB - 8 * TR_CUDA_BLOCK) {
-            const unsigned m = warp_select(ms, mid, mcnt, k);
-            if (lane == 0) {
-                mcnt = m;
-                if (m == k) mthr = fmaxf(mthr, ms[k - 1]);
+        merged = mcnt <= TR_BQ_MCB; /* block-uniform; more (ties at the bound) take the rounds below */
+        if (!merged) {
+            __syncthreads(); /* every thread has read mcnt */
+            if (tid == 0) {
+                mcnt = 0;
+                mthr = bnd;
+            }
+            __syncthreads();
+        }
+    } else {
+        /* Lower bounds on the global k-th score: the k-th entry of any list that holds k, and the k-th best
+         * of the lists' first entries within a group of 32 lists (k entries of distinct lists). The second is
+         * far tighter when many lists each hold a few of the global best (1M rows over 264 lists: ~900
+         * entries pass the first alone, ~50 with both), which keeps the final selection small. */
+        float local = -INFINITY;
+        for (unsigned g = warp; g * 32 < G; g += TR_CUDA_WARPS) {
+            const unsigned b = g * 32 + lane;
+            /* the scores are loaded beside the count, not after it (one L2 round trip, not two): a list's
+             * slots always exist, and what lies past its count is ignored */
+            const unsigned n = b < G ? __ldcg(pn + b) : 0u;
+            const float kth = b < G ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K + k - 1) : -INFINITY;
+            const float first = b < G ? __ldcg(ps + (size_t)b * TR_BQ_MAX_K) : -INFINITY;
+            if (n == k) local = fmaxf(local, kth);
+            if (k <= 32) {
+                const float top = warp_sort_desc(n ? first : -INFINITY);
+                local = fmaxf(local, __shfl_sync(0xffffffffu, top, k - 1));
             }
         }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
+        __syncthreads(); /* the previous query's readers of wmax/mcnt/mthr are done */
+        if (lane == 0) wmax[warp] = local;
+        if (tid == 0) mcnt = 0;
         __syncthreads();
+        if (tid == 0) {
+            float bnd = -INFINITY;
+            for (int w = 0; w < TR_CUDA_WARPS; w++) bnd = fmaxf(bnd, wmax[w]);
+            mthr = bnd;
+            if (stamp) stamp[0] = global_ns();
+        }
+        __syncthreads();
+    }
+    if (!merged) {
+        for (unsigned base = 0; base < total; base += 8 * TR_CUDA_BLOCK) {
+            float s[8];
+            long long d[8];
+            unsigned n[8];
+            bool ok[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const unsigned e = base + i * TR_CUDA_BLOCK + tid;
+                const unsigned b = e < total ? e / k : 0u, j = e < total ? e - b * k : 0u;
+                n[i] = __ldcg(pn + b); /* as above: the entry's loads do not wait for its list's count */
+                s[i] = __ldcg(ps + (size_t)b * TR_BQ_MAX_K + j);
+                d[i] = __ldcg(pid + (size_t)b * TR_BQ_MAX_K + j);
+                ok[i] = e < total && j < n[i];
+            }
+            const float th = mthr;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (ok[i] && s[i] >= th) {
+                    const unsigned pos = atomicAdd(&mcnt, 1u);
+                    ms[pos] = s[i];
+                    mid[pos] = d[i];
+                }
+            }
+            __syncthreads();
+            if (warp == 0 && mcnt > TR_BQ_MCB - 8 * TR_CUDA_BLOCK) {
+                const unsigned m = warp_select(ms, mid, mcnt, k);
+                if (lane == 0) {
+                    mcnt = m;
+                    if (m == k) mthr = fmaxf(mthr, ms[k - 1]);
+                }
+            }
+            __syncthreads();
+        }
     }
     long long *oi = p.bq[qi].oid;
     float *os = p.bq[qi].osc;
@@ -913,7 +1009,7 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
     __shared__ unsigned mcnt;
     __shared__ float mthr;
     __shared__ float wmax[TR_CUDA_WARPS];
-    merge_query(p, G, blockIdx.x, ms, mid, mcnt, mthr, wmax);
+    merge_query<false>(p, G, blockIdx.x, ms, mid, mcnt, mthr, wmax);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -981,6 +1077,7 @@ __device__ __forceinline__ void st_release_sys(unsigned *a, unsigned v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
 
+template <bool ONE_TRIP>
 __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
 persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl, unsigned seq, unsigned nvec,
                unsigned long long *phase) {
@@ -1092,7 +1189,7 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
             if (tid == 0 && sreq.profile) mb->stamp[2] = global_ns();
             if (!parallel) {
                 for (unsigned qi = 0; qi < nq; qi++)
-                    merge_query(p, G, qi, ms, mid, mcnt, mthr, wmax,
+                    merge_query<ONE_TRIP>(p, G, qi, ms, mid, mcnt, mthr, wmax,
                                 sreq.profile && qi == 0 ? mb->merge_stamp : nullptr);
                 __syncthreads(); /* then done_seq's release (fence.sys) orders every thread's results */
                 if (tid == 0) {
@@ -1107,7 +1204,7 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
             if (tid == 0)
                 while (ld_acquire_gpu(&ctl->merge_go) != seq) __nanosleep(32);
             __syncthreads();
-            merge_query(p, G, blk, ms, mid, mcnt, mthr, wmax);
+            merge_query<ONE_TRIP>(p, G, blk, ms, mid, mcnt, mthr, wmax);
             __syncthreads();
             if (tid == 0) {
                 __threadfence_system(); /* this query's results, before its merge ticket */
@@ -1154,6 +1251,7 @@ typedef struct cuda_backend {
     size_t hstage_cap;     /* rows */
     cudaEvent_t stage_free;
     int poison;            /* TR_CUDA_POISON=1: fill result buffers with garbage before each search */
+    uint64_t one_trip_max_rows; /* the persistent kernel merges in one trip up to this many rows */
     int alternate;         /* walk every other batched pass backward (TR_CUDA_ALTERNATE=0 turns it off) */
     unsigned passes;       /* batched passes so far (the direction of the next) */
     /* batched search (f16 rows; TR_CUDA_MMA=0 turns it off) */
@@ -1333,8 +1431,15 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         int coop = 0, per_sm = 0;
         CREATE_TRY(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cfg->device));
         b->psmem = batch_smem(b, 2);
-        CREATE_TRY(cudaFuncSetAttribute(persist_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
-        CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel, TR_CUDA_BLOCK, b->psmem));
+        int per_sm_one_trip = 0;
+        CREATE_TRY(cudaFuncSetAttribute(persist_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
+        CREATE_TRY(cudaFuncSetAttribute(persist_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
+        CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel<false>, TR_CUDA_BLOCK, b->psmem));
+        CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_one_trip, persist_kernel<true>, TR_CUDA_BLOCK,
+                                                                 b->psmem));
+        if (per_sm_one_trip < per_sm) per_sm = per_sm_one_trip; /* one grid for both: the lists are sized by it */
+        const char *otr = getenv("TR_CUDA_ONE_TRIP_MAX_ROWS");
+        b->one_trip_max_rows = otr && otr[0] ? strtoull(otr, NULL, 10) : TR_ONE_TRIP_MAX_ROWS;
         if (per_sm > TR_CUDA_BLOCKS_PER_SM) per_sm = TR_CUDA_BLOCKS_PER_SM;
         /* TR_CUDA_PERSIST_BLOCKS_PER_SM=1: half the lists to merge, for measuring the trade-off */
         const char *bps = getenv("TR_CUDA_PERSIST_BLOCKS_PER_SM");
@@ -1724,8 +1829,10 @@ static int persist_start(cuda_backend *b, char *err, size_t errlen) {
     CUDA_TRY(cudaMemsetAsync(b->pctl, 0, sizeof(PersistCtl), b->stream));
     unsigned seq = b->pseq, nvec = b->nvec;
     void *args[] = {&b->pmb_dev, &b->pdreq, &b->pdq, &b->pctl, &seq, &nvec, &b->pphase};
-    cudaError_t e = cudaLaunchCooperativeKernel((const void *)persist_kernel, dim3(b->pgrid), dim3(TR_CUDA_BLOCK), args,
-                                                b->psmem, b->stream);
+    /* rows do not change while it runs: every write stops it first */
+    const void *kernel = b->rows <= b->one_trip_max_rows ? (const void *)persist_kernel<true>
+                                                          : (const void *)persist_kernel<false>;
+    cudaError_t e = cudaLaunchCooperativeKernel(kernel, dim3(b->pgrid), dim3(TR_CUDA_BLOCK), args, b->psmem, b->stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         fprintf(stderr, "tr-sidecar: cuda: the persistent kernel cannot start (%s): launching per request from now on\n",
