@@ -800,6 +800,18 @@ batch_scan_kernel(const __grid_constant__ BatchParams p, const __grid_constant__
     if (tid == 0) *p.done = 0; /* ready for the next launch on this stream */
 }
 
+/* Each warp's largest `local` (reduced over its lanes) into wmax[warp], and mcnt reset; every thread may read
+ * wmax when it returns. */
+__device__ __forceinline__ void publish_warp_max(float local, float *wmax, unsigned &mcnt) {
+    const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
+    __syncthreads(); /* the previous query's readers of wmax, mcnt, mthr and the merge buffer are done */
+    if (lane == 0) wmax[warp] = local;
+    if (tid == 0) mcnt = 0;
+    __syncthreads();
+}
+
 /* The whole block merges query qi's G sorted per-block lists into its final top-k (ms/mid: TR_BQ_MCB
  * entries of shared memory; mcnt/mthr/wmax: shared scratch). Reads the partial lists with __ldcg:
  * in the fused scan they were written by other blocks of the same launch (ordered by the ticket's
@@ -861,12 +873,7 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
                 local = fmaxf(local, __shfl_sync(0xffffffffu, top, k - 1));
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
-        __syncthreads(); /* the previous query's readers of wmax/mcnt/ms are done */
-        if (lane == 0) wmax[warp] = local;
-        if (tid == 0) mcnt = 0;
-        __syncthreads();
+        publish_warp_max(local, wmax, mcnt);
         float bnd = wmax[0];
 #pragma unroll
         for (int w = 1; w < TR_CUDA_WARPS; w++) bnd = fmaxf(bnd, wmax[w]);
@@ -914,12 +921,7 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
                 local = fmaxf(local, __shfl_sync(0xffffffffu, top, k - 1));
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
-        __syncthreads(); /* the previous query's readers of wmax/mcnt/mthr are done */
-        if (lane == 0) wmax[warp] = local;
-        if (tid == 0) mcnt = 0;
-        __syncthreads();
+        publish_warp_max(local, wmax, mcnt);
         if (tid == 0) {
             float bnd = -INFINITY;
             for (int w = 0; w < TR_CUDA_WARPS; w++) bnd = fmaxf(bnd, wmax[w]);
