@@ -142,7 +142,12 @@ def test_logged_rows_survive_sigkill_mid_add_and_deleted_rows_stay_deleted(tmp_p
         adds += more_adds
         deletes += more_deletes
         assert len(adds) >= 150, proc.stderr
-        present |= set(adds) - set(deletes)
+        first = 1000 * (round_ + 1)
+        last = max(adds)
+        # The child deletes i - 2 right after adding i when (i - first) % 9 == 8. If the kill came after its last
+        # acknowledged add, that delete may have been done without being acknowledged: its victim is either.
+        undecided = {last - 2} if (last - first) % 9 == 8 and last - 2 not in deletes else set()
+        present |= set(adds) - set(deletes) - undecided
         absent |= set(deletes)
         with ColdStore(path, dim=DIM) as store:  # replays the log
             check_store(store, present - absent, absent)
