@@ -496,7 +496,7 @@ def _native_growth(path: Path, since_epoch_s: float, until_epoch_s: float, top: 
     stack, largest growth first: the native heap's growth told by who asked for it
     (tracemalloc sees only Python's), net of what was freed. Frames of the allocator itself and of the
     interpreter's call machinery are left out of each stack; a library without symbols (LanceDB's Rust core) shows
-    as <unknown>. Also the heap held over time, at `points` moments from the worker's start to the end of its run,
+    as <unknown>. Also the heap held over time, at `points` moments from the worker's start to until_epoch_s,
     split into stacks without a single symbol and the rest: a cache that fills once and then stays level shows as
     a step, a leak as a slope."""
     import memray
@@ -796,8 +796,8 @@ def main() -> None:
     ap.add_argument("--native-heap", metavar="DIR",
                     help="diagnostic: record every allocation and free of worker 0 (native and Python, with stacks, by "
                          "memray) into DIR and print by stack what its heap held at the end less what it held at "
-                         "before (and with the store closed, after the run less before it), and its heap over time (needs the diagnostics extra: pip install '.[diagnostics]'; "
-                         "slows that worker several times)")
+                         "before (and with the store closed, after the run less before it), and its heap over time "
+                         "(needs the diagnostics extra: pip install '.[diagnostics]'; slows that worker several times)")
     ap.add_argument("--bounded-allocators", action="store_true",
                     help="run the workers and the sidecar with the README's settings for long-lived processes: "
                          "MALLOC_ARENA_MAX=2 and ARROW_DEFAULT_MEMORY_POOL=system (unless already set), so glibc's "

@@ -1,4 +1,5 @@
-"""ctypes mirror of native/include/tiered_recall/layout.h and client.h; tests/test_layout.py checks it against the sidecar's JSON."""
+"""ctypes mirror of native/include/tiered_recall/layout.h and client.h; tests/test_layout.py checks it against the
+sidecar's JSON."""
 from __future__ import annotations
 
 import ctypes as C

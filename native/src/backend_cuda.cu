@@ -1831,7 +1831,9 @@ static int persist_start(cuda_backend *b, char *err, size_t errlen) {
     CUDA_TRY(cudaMemsetAsync(b->pctl, 0, sizeof(PersistCtl), b->stream));
     unsigned seq = b->pseq, nvec = b->nvec;
     void *args[] = {&b->pmb_dev, &b->pdreq, &b->pdq, &b->pctl, &seq, &nvec, &b->pphase};
-    /* rows do not change while it runs: every write stops it first */
+    /* chosen by the row count now: writes stop it, but a delete that moves no row only shrinks b->rows while it
+     * runs. Each pass reads its row count from its own parameters, so either kernel is exact at any size; the
+     * choice only decides speed. */
     const void *kernel = b->rows <= b->one_trip_max_rows ? (const void *)persist_kernel<true>
                                                           : (const void *)persist_kernel<false>;
     cudaError_t e = cudaLaunchCooperativeKernel(kernel, dim3(b->pgrid), dim3(TR_CUDA_BLOCK), args, b->psmem, b->stream);
