@@ -538,11 +538,10 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
         close(s->opt.ready_fd);
         s->opt.ready_fd = -1;
     }
-    uint64_t last_request = tr_now_ns(), last_sweep = 0;
+    uint64_t last_busy = tr_now_ns(), last_sweep = 0;
     while (!*stop) {
         int served = serve_ready(s);
         uint64_t now = tr_now_ns();
-        if (served) last_request = now;
         if (now - last_sweep >= SWEEP_INTERVAL_NS) { /* also under load: heartbeat and dead clients */
             sweep(s, now);
             last_sweep = now;
@@ -552,8 +551,14 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
                 return 0;
             }
         }
-        if (served || s->flight || (s->batch && s->batch->n)) continue; /* in flight or gathering: keep polling */
-        if (now - last_request < s->opt.idle_spin_ns) {
+        /* Idle is counted from the last moment the server had work in hand, not from the last request it took:
+         * a search longer than idle_spin_ns (4M x 768 rows take ~1.5 ms on the GPU) would otherwise let the
+         * server go to sleep, and stop the persistent kernel, before its client could send the next one. */
+        if (served || s->flight || (s->batch && s->batch->n)) { /* in flight or gathering: keep polling */
+            last_busy = now;
+            continue;
+        }
+        if (now - last_busy < s->opt.idle_spin_ns) {
             tr_cpu_relax();
             continue;
         }
@@ -563,7 +568,7 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
         __atomic_store_n(&h->server_sleeping, 1, __ATOMIC_SEQ_CST);
         uint32_t bell = __atomic_load_n(&h->doorbell, __ATOMIC_SEQ_CST);
         if (!serve_ready(s) && !s->flight && !(s->batch && s->batch->n)) tr_futex_wait(&h->doorbell, bell, SWEEP_INTERVAL_NS);
-        else last_request = tr_now_ns();
+        else last_busy = tr_now_ns();
         __atomic_store_n(&h->server_sleeping, 0, __ATOMIC_SEQ_CST);
     }
     drain_batches(s); /* no client is left waiting on an answer that was computed */
