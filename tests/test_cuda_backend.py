@@ -287,3 +287,36 @@ def test_persistent_kernel_serves_pauses_for_writes_and_resumes_after_idle(monke
             t.close()
         for p in procs:
             p.stop()
+
+
+def test_searches_longer_than_the_idle_spin_keep_the_persistent_kernel_running(monkeypatch):
+    """The idle timer counts from the server's last answer, not from the last request it took: back-to-back
+    searches that each take longer than --idle-spin-us must stay with one run of the persistent kernel. Counted
+    from the request (the old rule), the server went to sleep after every such search and stopped the kernel
+    before the client could send the next one (4M x 768 rows take ~1.6 ms a search, the default spin is 2 ms).
+    A client's own pause (a garbage collection) may still idle the server now and then, so a few stops pass."""
+    monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
+    rng = np.random.default_rng(23)
+    dim, n, idle_us, searches = 512, 1_000_000, 100, 200
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda", idle_spin_us=idle_us)
+    hot = HotTier.attach(name)
+    try:
+        x = unit_rows(rng, 65536, dim)
+        for s in range(0, n, 65536):
+            m = min(65536, n - s)
+            hot.upsert(np.arange(s, s + m, dtype=np.int64), np.roll(x[:m], s // 65536, axis=1), 1)
+        q = unit_rows(rng, 64, dim)
+        hot.search(q[0], k=10, touch=False)  # the writes stopped the kernel: this starts it
+        service_us = [hot.search(q[i % 64], k=10, touch=False).service_ns / 1e3 for i in range(searches)]
+        time.sleep(0.05)  # idle now: the server stops the kernel and logs the run
+        # what makes this test mean something: each search outlasts the idle spin
+        assert np.median(service_us) > 1.5 * idle_us, f"searches too quick for this test: {np.median(service_us)} us"
+        log = proc.log()
+        assert "cannot start" not in log, log
+        runs = [int(b) for b in re.findall(r"persistent kernel stopped \(idle\) after (\d+) batches", log)]
+        assert sum(runs) == searches + 1, f"every search went to the kernel: {runs}\n{log}"
+        assert len(runs) <= 1 + searches // 10, f"the kernel stopped between searches: {len(runs)} runs {runs}"
+    finally:
+        hot.close()
+        proc.stop()
