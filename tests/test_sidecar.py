@@ -100,6 +100,30 @@ def test_results_are_the_callers_own_across_changing_k(start):
         np.testing.assert_array_equal(batch.ids[row], exact_topk(x, ids, q, 4)[0])
 
 
+def test_every_way_of_waiting_gets_the_answer(start, segment_name):
+    """A client waits by spinning, then polling with sched_yield, then sleeping on the slot's futex: each phase
+    alone must see the answer (spin 0 and yield 0 sleeps at once; spin 0 and a long yield polls), for searches
+    and for the other calls; out-of-range wait settings are refused at attach, naming the fix."""
+    rng = np.random.default_rng(13)
+    dim, n = 24, 300
+    _, hot = start(dim=dim, capacity=n)
+    x = unit_rows(rng, n, dim)
+    ids = np.arange(n, dtype=np.int64)
+    hot.upsert(ids, x, 1)
+    queries = unit_rows(rng, 20, dim)
+    for spin_us, yield_us in ((0, 0), (0, 10_000), (None, None)):
+        other = HotTier.attach(segment_name, spin_us=spin_us, yield_us=yield_us)
+        try:
+            for q in queries:
+                np.testing.assert_array_equal(other.search(q, k=5).ids[0], exact_topk(x, ids, q, 5)[0])
+            assert other.stats()["hot_rows"] == n
+        finally:
+            other.close()
+    for bad in ({"spin_us": -1}, {"yield_us": -5}, {"yield_us": 1e9}):
+        with pytest.raises(InvalidInput, match="out of range"):
+            HotTier.attach(segment_name, **bad)
+
+
 def test_ties_broken_by_smaller_id(start):
     _, hot = start(dim=4, capacity=10)
     v = np.array([[1, 0, 0, 0]] * 4, dtype=np.float32)

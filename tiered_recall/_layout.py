@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes as C
 
 MAGIC = 0x004C4C4143455254
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 HEADER_BYTES = 1024
 SLOT_HEADER_BYTES = 256
 MESSAGE_BYTES = 160
@@ -193,6 +193,7 @@ class SearchCall(C.Structure):
         ("result", C.c_void_p),
         ("timeout_ns", C.c_int64),
         ("spin_ns", C.c_int64),
+        ("yield_ns", C.c_int64),
         ("ns_hash", C.c_uint64),
         ("pid", C.c_int32),
         ("flags", C.c_uint32),

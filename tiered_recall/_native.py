@@ -74,6 +74,7 @@ def client_library() -> C.CDLL:
         C.c_uint64,  # out_bytes
         C.c_int64,  # timeout_ns
         C.c_int64,  # spin_ns
+        C.c_int64,  # yield_ns
         C.POINTER(L.CallResult),
     ]
     lib.tr_client_search.restype = C.c_int

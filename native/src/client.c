@@ -2,9 +2,11 @@
  *
  * Python cannot do atomics or futexes on shared memory, so one call here does a whole request:
  * claim a free slot with a CAS, copy the input in, publish with release ordering, ring the
- * doorbell, spin briefly, sleep on the slot's futex, copy the output out, free the slot.
+ * doorbell, spin briefly, poll with sched_yield for a while if asked, sleep on the slot's futex,
+ * copy the output out, free the slot.
  */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -68,7 +70,7 @@ static void abandon(tr_slot *slot) {
  * calls release_slot. */
 static int request(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uint32_t k, uint32_t count,
                    uint64_t ns_hash, const void *in, uint64_t in_bytes, int64_t timeout_ns, int64_t spin_ns,
-                   tr_call_result *result, tr_slot **out_slot) {
+                   int64_t yield_ns, tr_call_result *result, tr_slot **out_slot) {
     tr_header *h = base;
     memset(result, 0, offsetof(tr_call_result, message));
     result->message[0] = '\0';
@@ -119,9 +121,12 @@ static int request(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uin
     __atomic_fetch_add(&h->doorbell, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&h->server_sleeping, __ATOMIC_SEQ_CST)) tr_futex_wake(&h->doorbell, 1);
 
-    /* Wait: spin for spin_ns, then sleep on the slot's state word in short naps so a dead
-     * sidecar is noticed well within the timeout. */
+    /* Wait: spin for spin_ns, then poll with sched_yield for yield_ns more (the core stays awake for others'
+     * work: a client that sleeps and is woken by the server's futex call pays the wake-up of an idle core, tens
+     * of us in a VM), then sleep on the slot's state word in short naps so a dead sidecar is noticed well
+     * within the timeout. */
     const uint64_t spin_until = start + (uint64_t)(spin_ns > 0 ? spin_ns : 0);
+    const uint64_t yield_until = spin_until + (uint64_t)(yield_ns > 0 ? yield_ns : 0);
     for (;;) {
         uint32_t st = tr_load_acquire(&slot->state);
         if (st == TR_SLOT_DONE) break;
@@ -140,6 +145,10 @@ static int request(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uin
                 return TR_CALL_DEAD;
             }
             next_check = now + LIVENESS_CHECK_NS;
+        }
+        if (now < yield_until) {
+            sched_yield();
+            continue;
         }
         __atomic_store_n(&slot->client_waiting, 1, __ATOMIC_SEQ_CST);
         st = __atomic_load_n(&slot->state, __ATOMIC_SEQ_CST);
@@ -163,11 +172,12 @@ static int request(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uin
 
 int tr_client_call(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uint32_t k, uint32_t count,
                    uint64_t ns_hash, const void *in, uint64_t in_bytes, void *out, uint64_t out_offset,
-                   uint64_t out_bytes, int64_t timeout_ns, int64_t spin_ns, tr_call_result *result) {
+                   uint64_t out_bytes, int64_t timeout_ns, int64_t spin_ns, int64_t yield_ns, tr_call_result *result) {
     tr_header *h = base;
     if (out_offset + out_bytes > h->slot_payload_bytes) return TR_CALL_TOO_LARGE;
     tr_slot *slot = NULL;
-    int rc = request(base, pid, opcode, flags, k, count, ns_hash, in, in_bytes, timeout_ns, spin_ns, result, &slot);
+    int rc = request(base, pid, opcode, flags, k, count, ns_hash, in, in_bytes, timeout_ns, spin_ns, yield_ns, result,
+                     &slot);
     if (rc != TR_CALL_OK) return rc;
     if (result->status == TR_OK && out_bytes) memcpy(out, tr_slot_payload(slot) + out_offset, out_bytes);
     release_slot(slot);
@@ -181,7 +191,7 @@ int tr_client_search(const tr_search_call *c) {
     if (TR_SEARCH_BYTES(c->nq, h->dim, c->k) > h->slot_payload_bytes) return TR_CALL_TOO_LARGE;
     tr_slot *slot = NULL;
     int rc = request(c->base, c->pid, TR_OP_SEARCH, c->flags, c->k, c->nq, c->ns_hash, c->queries, in_bytes,
-                     c->timeout_ns, c->spin_ns, c->result, &slot);
+                     c->timeout_ns, c->spin_ns, c->yield_ns, c->result, &slot);
     if (rc != TR_CALL_OK) return rc;
     if (c->result->status == TR_OK) {
         const unsigned char *out = tr_slot_payload(slot) + TR_SEARCH_RESULT_OFFSET(c->nq, h->dim);

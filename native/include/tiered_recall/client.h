@@ -36,7 +36,8 @@ typedef struct tr_search_call {
     float *scores;          /* out: nq x k */
     tr_call_result *result; /* out */
     int64_t timeout_ns;
-    int64_t spin_ns;
+    int64_t spin_ns;        /* busy-poll this long for the answer, */
+    int64_t yield_ns;       /* then poll with sched_yield this long, then sleep on the slot's futex */
     uint64_t ns_hash;
     int32_t pid;
     uint32_t flags;

@@ -30,7 +30,7 @@
 #define TR_MAGIC 0x004C4C4143455254ULL
 /* Bump on any change to a struct, constant or payload formula below, or to libtrclient's call interface
  * (tiered_recall/client.h). */
-#define TR_LAYOUT_VERSION 2u
+#define TR_LAYOUT_VERSION 3u
 
 #define TR_CACHELINE 64u
 #define TR_HEADER_BYTES 1024u
