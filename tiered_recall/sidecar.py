@@ -37,8 +37,8 @@ DEFAULT_SPIN_US = 50.0
 # search. Against a CUDA segment the default spin is longer; an explicit spin_us always wins.
 DEFAULT_CUDA_SPIN_US = 300.0
 # After the spin a client polls with sched_yield before it sleeps. A client woken from the futex pays the
-# wake-up of an idle core: on the GPU machine its time beyond the sidecar's own (p50) was 15-20 us for a
-# 1M x 768 search and 43-72 us for a 4M one, against 7-10 us and 9-33 us polling like this. Yielding leaves
+# wake-up of an idle core: on the GPU machine its time beyond the sidecar's own (p50) was 14-23 us for a
+# 1M x 768 search and 36-72 us for a 4M one, against 7-10 us and 9-33 us polling like this. Yielding leaves
 # the core to any runnable thread. Off against a CPU sidecar: there the clients share the cores with the
 # sidecar's scan threads (on a 2-core machine a yielding client made a 100k x 384 search 5.0 -> 6.2 ms).
 DEFAULT_CUDA_YIELD_US = 10_000.0

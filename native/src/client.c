@@ -172,7 +172,8 @@ static int request(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uin
 
 int tr_client_call(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uint32_t k, uint32_t count,
                    uint64_t ns_hash, const void *in, uint64_t in_bytes, void *out, uint64_t out_offset,
-                   uint64_t out_bytes, int64_t timeout_ns, int64_t spin_ns, int64_t yield_ns, tr_call_result *result) {
+                   uint64_t out_bytes, int64_t timeout_ns, int64_t spin_ns, int64_t yield_ns,
+                   tr_call_result *result) {
     tr_header *h = base;
     if (out_offset + out_bytes > h->slot_payload_bytes) return TR_CALL_TOO_LARGE;
     tr_slot *slot = NULL;

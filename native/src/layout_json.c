@@ -50,8 +50,8 @@ void tr_print_layout_json(void) {
     first = 1;
     FIELD(tr_search_call, base) FIELD(tr_search_call, queries) FIELD(tr_search_call, ids)
     FIELD(tr_search_call, scores) FIELD(tr_search_call, result) FIELD(tr_search_call, timeout_ns)
-    FIELD(tr_search_call, spin_ns) FIELD(tr_search_call, yield_ns) FIELD(tr_search_call, ns_hash) FIELD(tr_search_call, pid)
-    FIELD(tr_search_call, flags) FIELD(tr_search_call, k) FIELD(tr_search_call, nq)
+    FIELD(tr_search_call, spin_ns) FIELD(tr_search_call, yield_ns) FIELD(tr_search_call, ns_hash)
+    FIELD(tr_search_call, pid) FIELD(tr_search_call, flags) FIELD(tr_search_call, k) FIELD(tr_search_call, nq)
     printf("}},\n \"constants\": {");
     first = 1;
     CONST(TR_HEADER_BYTES) CONST(TR_SLOT_HEADER_BYTES) CONST(TR_MESSAGE_BYTES) CONST(TR_MAX_CLIENTS)

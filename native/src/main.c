@@ -35,7 +35,7 @@ static void usage(FILE *out) {
             "  --namespaces N         namespace table entries, rounded up to a power of two\n"
             "  --threads N            CPU search threads (default: one per online core)\n"
             "  --device N             CUDA device (default 0)\n"
-            "  --idle-spin-us US      keep polling this long after the last request is answered before sleeping (default 2000)\n"
+            "  --idle-spin-us US      keep polling this long after the last answer before sleeping (default 2000)\n"
             "  --exit-when-orphaned S exit once no client has been attached for S seconds (default: never)\n"
             "  --verbose              log start-up and shutdown to stderr\n"
             "  --daemon               detach: fork, start a new session, the parent exits at once\n"
