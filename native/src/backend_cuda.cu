@@ -1521,6 +1521,8 @@ static int ensure_stage(cuda_backend *b, uint32_t n, char *err, size_t errlen) {
     return 0;
 }
 
+static void f32_to_f16(const float *src, uint16_t *dst, uint32_t n);
+
 static int cuda_write_rows(void *self, const uint64_t *rows, uint32_t n, const float *vectors,
                            const int64_t *ids, const uint64_t *ns, char *err, size_t errlen) {
     cuda_backend *b = (cuda_backend *)self;
@@ -1545,9 +1547,10 @@ static int cuda_write_rows(void *self, const uint64_t *rows, uint32_t n, const f
     for (uint32_t i = 0; i < n; i++) {
         const float *src = vectors + (size_t)i * b->dim;
         if (b->dtype == TR_DTYPE_F16) {
-            __half *dst = (__half *)(vec + (size_t)i * b->nvec * 16);
-            for (uint32_t j = 0; j < b->dim; j++) dst[j] = __float2half_rn(src[j]);
-            for (uint32_t j = b->dim; j < b->ld; j++) dst[j] = __float2half_rn(0.f);
+            /* F16C where the CPU has it: __float2half_rn element by element cost ~100 us per 84 rows of 768 */
+            uint16_t *dst = (uint16_t *)(vec + (size_t)i * b->nvec * 16);
+            f32_to_f16(src, dst, b->dim);
+            memset(dst + b->dim, 0, (size_t)(b->ld - b->dim) * sizeof(uint16_t)); /* +0.0 in f16 */
         } else {
             float *dst = (float *)(vec + (size_t)i * b->nvec * 16);
             memcpy(dst, src, (size_t)b->dim * 4);
