@@ -48,6 +48,7 @@ _DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_F16: "f16"}
 _BACKEND_NAMES = {L.BACKEND_CPU: "cpu", L.BACKEND_CUDA: "cuda"}
 _INVALID_STATUSES = {L.E_BAD_K, L.E_BAD_COUNT, L.E_NOT_FINITE, L.E_ZERO_VECTOR, L.E_BAD_FLAGS, L.E_BAD_PAYLOAD}
 _MASK64 = (1 << 64) - 1
+_F32 = np.dtype(np.float32)
 
 
 def validate_name(name: str) -> str:
@@ -172,6 +173,8 @@ class HotTier:
         self.max_upsert_rows = int(h.max_upsert_rows)
         self.max_search_queries = int(h.max_search_queries)
         self._payload_bytes = int(h.slot_payload_bytes)
+        if L.search_result_offset(1, self.dim) + self.max_k * 12 > self._payload_bytes:
+            raise IncompatibleLayout(f"segment {path}: one query with k={self.max_k} does not fit a slot: restart the sidecar")
         self._ns_table = np.frombuffer(self._mm, dtype=_NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
         self._ns_mask = int(h.ns_entries) - 1
         self._client_index = self._lib.tr_client_register(self._base, self._pid)
@@ -188,10 +191,11 @@ class HotTier:
 
     def _search_call(self, queries: np.ndarray, ids: np.ndarray, scores: np.ndarray, result: L.CallResult,
                      nq: int) -> L.SearchCall:
-        """A tr_search_call over these buffers (which must outlive it); flags, k, the namespace and the timeouts
-        are set before each call."""
+        """A tr_search_call over these buffers (which must outlive it), with this client's waits; flags, k and the
+        namespace are set before each call."""
         return L.SearchCall(base=self._base, queries=queries.ctypes.data, ids=ids.ctypes.data,
-                            scores=scores.ctypes.data, result=C.addressof(result), pid=self._pid, nq=nq)
+                            scores=scores.ctypes.data, result=C.addressof(result), pid=self._pid, nq=nq,
+                            timeout_ns=self._timeout_ns, spin_ns=self._spin_ns, yield_ns=self._yield_ns)
 
     def _new_scratch(self) -> tuple:
         qbuf = np.empty(self.dim, dtype=np.float32)
@@ -254,7 +258,7 @@ class HotTier:
                normalize: bool = False, touch: bool = True) -> SearchResult:
         """queries: (d,) or (nq, d) float32, C-contiguous, unit norm unless normalize=True."""
         q = queries
-        if not isinstance(q, np.ndarray) or q.dtype != np.float32 or not q.flags.c_contiguous:
+        if not isinstance(q, np.ndarray) or (q.dtype is not _F32 and q.dtype != _F32) or not q.flags.c_contiguous:
             raise InvalidInput(
                 "queries must be a C-contiguous float32 numpy array: pass np.ascontiguousarray(q, dtype=np.float32)"
             )
@@ -265,7 +269,9 @@ class HotTier:
             raise InvalidInput(f"k must be an int, got {type(k).__name__}")
         if not 1 <= k <= self.max_k:
             raise InvalidInput(f"k={k} is out of range: use 1 <= k <= {self.max_k}")
-        if nq > self.max_search_queries or L.search_result_offset(nq, self.dim) + nq * k * 12 > self._payload_bytes:
+        # one query with any valid k always fits (checked at attach)
+        if nq > 1 and (nq > self.max_search_queries
+                       or L.search_result_offset(nq, self.dim) + nq * k * 12 > self._payload_bytes):
             raise InvalidInput(f"{nq} queries do not fit one request: send at most {self.max_search_queries} at a time")
         # NaN/inf and all-zero queries are rejected by the sidecar itself (E_NOT_FINITE and E_ZERO_VECTOR
         # become InvalidInput naming the fix); checking here too cost ~1 us of a ~7 us round trip.
@@ -294,9 +300,6 @@ class HotTier:
         call.flags = flags
         call.k = k
         call.ns_hash = ns
-        call.timeout_ns = self._timeout_ns
-        call.spin_ns = self._spin_ns
-        call.yield_ns = self._yield_ns
         rc = self._search_fn(call_address)
         if nq == 1:
             views = views_by_k.get(k)
