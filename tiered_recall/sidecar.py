@@ -113,7 +113,7 @@ class HotTier:
         self._timeout_ns = int(self.timeout_s * 1e9)
         for label, value in (("spin_us", spin_us), ("yield_us", yield_us)):
             if value is not None and not 0 <= value <= 1e6 * self.timeout_s:
-                raise InvalidInput(f"{label}={value} is out of range: use 0 <= {label} <= timeout_s in us")
+                raise InvalidInput(f"{label}={value} is out of range: use 0 to {1e6 * self.timeout_s:g} us (timeout_s)")
         self._spin_ns = int((DEFAULT_SPIN_US if spin_us is None else spin_us) * 1e3)
         self._yield_ns = int((yield_us or 0) * 1e3)
         self._lib = client_library()
@@ -153,6 +153,10 @@ class HotTier:
                 )
             if st.st_size < head.segment_bytes:
                 raise IncompatibleLayout(f"segment {path} is smaller than its header says: restart the sidecar")
+            if L.search_result_offset(1, head.dim) + head.max_k * 12 > head.slot_payload_bytes:  # search() relies on it
+                raise IncompatibleLayout(
+                    f"segment {path}: one query at k={head.max_k} does not fit a slot: restart the sidecar"
+                )
             self._mm = mmap.mmap(fd, head.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
@@ -173,8 +177,6 @@ class HotTier:
         self.max_upsert_rows = int(h.max_upsert_rows)
         self.max_search_queries = int(h.max_search_queries)
         self._payload_bytes = int(h.slot_payload_bytes)
-        if L.search_result_offset(1, self.dim) + self.max_k * 12 > self._payload_bytes:
-            raise IncompatibleLayout(f"segment {path}: one query with k={self.max_k} does not fit a slot: restart the sidecar")
         self._ns_table = np.frombuffer(self._mm, dtype=_NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
         self._ns_mask = int(h.ns_entries) - 1
         self._client_index = self._lib.tr_client_register(self._base, self._pid)
