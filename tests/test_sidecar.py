@@ -116,7 +116,10 @@ def test_every_way_of_waiting_gets_the_answer(start, segment_name):
         try:
             for q in queries:
                 np.testing.assert_array_equal(other.search(q, k=5).ids[0], exact_topk(x, ids, q, 5)[0])
-            assert other.stats()["hot_rows"] == n
+            other.upsert([10_000], queries[:1], 1)  # the other calls wait the same way
+            assert other.search(queries[0], k=1).ids[0, 0] == 10_000
+            other.delete([10_000])
+            assert other.search(queries[0], k=1).ids[0, 0] != 10_000
         finally:
             other.close()
     for bad in ({"spin_us": -1}, {"yield_us": -5}, {"yield_us": 1e9}):
