@@ -28,7 +28,8 @@ def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 
 @pytest.fixture
 def pair(monkeypatch):
-    """pair(dim=, capacity=, dtype=) -> (cuda HotTier, cpu HotTier); both stopped afterwards."""
+    """pair(dim=, capacity=, dtype=) -> (cuda HotTier, cpu HotTier); both stopped afterwards.
+    pair.log_of(hot): that sidecar's log so far."""
     monkeypatch.setenv("TR_CUDA_POISON", "1")
     started = []
 
@@ -42,6 +43,7 @@ def pair(monkeypatch):
             tiers.append(hot)
         return tiers[0], tiers[1]
 
+    _pair.log_of = lambda hot: next(proc.log() for proc, h in started if h is hot)  # the sidecar's stderr so far
     yield _pair
     for proc, hot in started:
         hot.close()
@@ -128,6 +130,41 @@ def test_passes_that_walk_the_rows_backward_answer_exactly_as_forward_ones(pair)
         np.testing.assert_array_equal(first.ids, second.ids)
         np.testing.assert_array_equal(first.scores, second.scores)
         assert_same(first, cpu.search(q, k=k, touch=False), k, 2e-3)
+
+
+@pytest.mark.parametrize("dim", [100, 768])
+def test_small_tiers_split_the_dimensions_among_warps_and_answer_exactly(pair, monkeypatch, dim):
+    """Tiers of up to 64 rows per scan block run the persistent kernel whose warps share out the dimensions
+    (groups of 16 rows x parts of the dimensions, summed through shared memory). The tier grows through the
+    sizes where a block holds 1, part of one group, several groups, or every group partly filled, up to the
+    last size that kernel takes and one past it; dim 100 leaves some parts no dimensions at all. Each size
+    answers k = 1, 10 and 64, filtered and not, like the CPU reference; the log shows which kernel ran."""
+    monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
+    rng = np.random.default_rng([dim, 64])
+    cuda, cpu = pair(dim=dim, capacity=40_000)
+    grid = int(re.search(r"persistent kernel on \((\d+) blocks\)", pair.log_of(cuda)).group(1))
+    sizes = [1, 17, 33, 530, 4096, grid * 33, grid * 64, grid * 64 + 1]
+    assert sizes[-1] <= 40_000, f"a grid of {grid} blocks needs a larger tier here"
+    done = 0
+    for n in sizes:
+        for start in range(done, n, 4096):
+            stop = min(n, start + 4096)
+            x = unit_rows(rng, stop - start, dim)
+            ids = np.arange(start, stop, dtype=np.int64) * 7 + 3
+            ns = NS[rng.integers(0, 3, size=stop - start)]
+            for t in (cuda, cpu):
+                t.upsert(ids, x, ns)
+        done = n
+        for i, k in enumerate((1, 10, 64)):
+            q = unit_rows(rng, 1, dim)[0]
+            want = int(NS[i % 3]) if i % 2 else None
+            assert_same(cuda.search(q, k=k, namespace_hash=want, touch=False),
+                        cpu.search(q, k=k, namespace_hash=want, touch=False), k, 2e-3)
+    log = pair.log_of(cuda)
+    started = re.findall(r"persistent kernel started for (\d+) rows \(([\w -]+)\)", log)
+    kernels = {int(rows): kind for rows, kind in started}
+    assert kernels.get(4096) == "split scan", log
+    assert kernels.get(sizes[-1]) == "one-trip merge", log
 
 
 def test_writes_moves_and_deletes(pair):

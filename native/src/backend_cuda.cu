@@ -418,6 +418,13 @@ __global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t d
  * 1M 402 -> 425), while its merge is 2.2 us shorter; as its own instantiation the other kernel compiles as before
  * (1M: 403.5 and 402.8 us without it, 402.7 and 401.9 with it). */
 #define TR_ONE_TRIP_MAX_ROWS 131072ull
+/* Tiers of up to grid x TR_SPLIT_MAX_RPB rows get a third instantiation, whose scan splits the dimensions among a
+ * block's warps (batch_scan_block<1, true>; TR_CUDA_SPLIT_MAX_ROWS lowers the limit, 0 turns it off), with scan
+ * blocks of TR_SPLIT_RPB rows (TR_CUDA_SPLIT_ROWS_PER_BLOCK, 1..64): more blocks read at once, more lists to merge.
+ * H200, 4,096 x 768, first round / merge / host submit -> done seen, us: unsplit (32 blocks of 128 rows) 7.0 / 2.65
+ * / 21.8-22.3; split, 16 rows 3.6 / 4.2 / 20.4-20.5; 32 rows 3.6 / 3.3 / 19.5-19.7; 64 rows 5.3 / 2.9 / 20.7-20.9. */
+#define TR_SPLIT_RPB 32ull
+#define TR_SPLIT_MAX_RPB 64u
 #define TR_BQ_FUSE_MAX 2 /* up to this many queries per pass: the scan's last block merges (one launch);
                           * more: a merge kernel, one block per query (TR_CUDA_FUSE_MAX overrides) */
 static_assert(TR_BQ_CB - TR_BQ_ROUND >= TR_BQ_MAX_K, "a flush must leave room for a round");
@@ -612,8 +619,14 @@ __device__ __forceinline__ void prof_clock(bool prof, int i) {
 /* One block's share of a batched scan (block blk of G): stages the queries (qsrc: kernel parameters,
  * or device memory read through L2 when q_l2; null: the caller has staged them at the start of bsm,
  * as the persistent kernel does with its parameters), scores its run of rows and leaves its sorted
- * top-k per query in the partial lists. bsm: the dynamic shared memory (batch_smem). */
-template <int NT>
+ * top-k per query in the partial lists. bsm: the dynamic shared memory (batch_smem).
+ *
+ * SPLIT (one query tile; blocks of at most TR_SPLIT_MAX_RPB rows): the block's warps share out the dimensions
+ * as well as the rows: 16 rows per group of warps, each warp of a group scores one part of the dimensions,
+ * and the parts are summed through shared memory. A small tier is then read by every SM at once in one round
+ * of few loads per warp. Without it a warp walks all dimensions of its 16 rows in 2 x TR_BQ_STAGE-chunk
+ * waves, one memory trip each: a block of 16 rows took 4.7 us at 768 dims, whatever the tier. */
+template <int NT, bool SPLIT = false>
 __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q_l2, unsigned blk, unsigned G,
                                  uint4 *bsm, bool prof = false) {
     constexpr unsigned QR = NT * 8;
@@ -637,6 +650,21 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
     __syncthreads();
 
     const unsigned warp = tid >> 5, lane = tid & 31u, g = lane >> 2, t = lane & 3u;
+    static_assert(!SPLIT || NT == 1, "the split scan sums one query tile's accumulators");
+    /* SPLIT: groups of 16 rows x parts of the dimensions (groups x parts = the block's warps) */
+    unsigned parts = 1;
+    if constexpr (SPLIT) {
+        if (p.rows_per_block <= TR_SPLIT_MAX_RPB)
+            parts = p.rows_per_block <= 16   ? TR_CUDA_WARPS
+                    : p.rows_per_block <= 32 ? TR_CUDA_WARPS / 2
+                                             : TR_CUDA_WARPS / 4;
+    }
+    const unsigned group = SPLIT ? warp / parts : warp, part = SPLIT ? warp - group * parts : 0u;
+    const unsigned round_rows = SPLIT ? (TR_CUDA_WARPS / parts) * 16u : TR_BQ_ROUND;
+    /* SPLIT: this warp's chunks [cb, ce) (the other path reads p.nchunk where it is used, as it always has) */
+    const unsigned cb = part * p.nchunk / parts, ce = (part + 1u) * p.nchunk / parts;
+    /* SPLIT: the parts' sums, after the lists' buffers (the persistent kernel's batch_smem(b, 2) has room) */
+    float4 *red = reinterpret_cast<float4 *>(cs + QR * TR_BQ_CB);
     const unsigned long long start = (unsigned long long)blk * p.rows_per_block;
     unsigned long long end = start + p.rows_per_block;
     if (end > p.rows) end = p.rows;
@@ -644,18 +672,20 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
      * this round's admission and barriers, so they overlap a memory trip, and keeps two accumulator chains
      * (one mma chain of 2 x nchunk steps otherwise). Two tiles have two chains already, and the prefetch's
      * registers spilled there (measured together at 100k x 768: scan 48.7 -> 45.5 us). */
-    constexpr bool kPrefetch = NT == 1, kAcc2 = NT == 1;
+    /* SPLIT: a block of up to 64 rows has one round, and a warp few chunks (one chain is enough; registers) */
+    constexpr bool kPrefetch = NT == 1 && !SPLIT, kAcc2 = NT == 1 && !SPLIT;
     uint4 a0[TR_BQ_STAGE], b0[TR_BQ_STAGE];
     bool prefetched = false;
     /* Every other pass walks the block's rounds backward. A pass leaves the rows it read last in L2, so the
      * next one starts on rows L2 still holds instead of on the ones it evicted first (a tier larger than L2 but
      * not by much, e.g. 100k x 768 f16 = 154 MB against 50 MB, has a third of its next pass in L2). */
-    const unsigned nrounds = end > start ? (unsigned)((end - start + TR_BQ_ROUND - 1) / TR_BQ_ROUND) : 0u;
-    const long long step = p.backward ? -(long long)TR_BQ_ROUND : (long long)TR_BQ_ROUND;
-    unsigned long long base = p.backward && nrounds ? start + (nrounds - 1ull) * TR_BQ_ROUND : start;
+    const unsigned nrounds = end > start ? (unsigned)((end - start + round_rows - 1) / round_rows) : 0u;
+    const long long step = p.backward ? -(long long)round_rows : (long long)round_rows;
+    unsigned long long base = p.backward && nrounds ? start + (nrounds - 1ull) * round_rows : start;
     for (unsigned r = 0; r < nrounds; r++, base += step) {
-        const unsigned long long row0 = base + warp * 16ull;
-        if (row0 < end) { /* warp-uniform */
+        const unsigned long long row0 = base + group * 16ull;
+        /* warp-uniform; SPLIT: every warp enters (past the end its loads are masked), to meet at the parts' barrier */
+        if (SPLIT || row0 < end) {
             const unsigned long long rg = row0 + g, rh = rg + 8;
             const bool vg = rg < end, vh = rh < end;
             const uint4 *xg = p.X + (vg ? rg : 0) * p.nvec;
@@ -674,7 +704,8 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
 #pragma unroll
                 for (int u = 0; u < TR_BQ_STAGE; u++) {
                     const unsigned cc = (c0 + u) * 4u + t;
-                    const bool ok = cc < p.nvec; /* also false past the last chunk: no load */
+                    /* also false past the last chunk (or this part's): no load */
+                    const bool ok = cc < p.nvec && (!SPLIT || c0 + u < ce);
                     a[u] = (ok && lg) ? __ldg(fg + cc) : make_uint4(0, 0, 0, 0);
                     b[u] = (ok && lh) ? __ldg(fh + cc) : make_uint4(0, 0, 0, 0);
                 }
@@ -685,7 +716,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
             auto multiply = [&](unsigned c0, const uint4 (&a)[TR_BQ_STAGE], const uint4 (&b)[TR_BQ_STAGE]) {
 #pragma unroll
                 for (int u = 0; u < TR_BQ_STAGE; u++) {
-                    if (c0 + u < p.nchunk) {
+                    if (c0 + u < (SPLIT ? ce : p.nchunk)) {
                         const unsigned cc = (c0 + u) * 4u + t;
 #pragma unroll
                         for (int n = 0; n < NT; n++) {
@@ -697,7 +728,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
                 }
             };
             uint4 a1[TR_BQ_STAGE], b1[TR_BQ_STAGE];
-            if (!prefetched) load(0, a0, b0);
+            if (!prefetched) load(SPLIT ? cb : 0u, a0, b0);
             /* ids and namespaces load beside the rows, not after the scores (one memory trip fewer) */
             const long long idg = vg ? (long long)p.ids[rg] : 0, idh = vh ? (long long)p.ids[rh] : 0;
             uint64_t nsg = 0, nsh = 0;
@@ -705,7 +736,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
                 nsg = vg ? p.ns[rg] : 0;
                 nsh = vh ? p.ns[rh] : 0;
             }
-            for (unsigned c0 = 0; c0 < p.nchunk; c0 += 2 * TR_BQ_STAGE) {
+            for (unsigned c0 = SPLIT ? cb : 0u; c0 < (SPLIT ? ce : p.nchunk); c0 += 2 * TR_BQ_STAGE) {
                 load(c0 + TR_BQ_STAGE, a1, b1);
                 multiply(c0, a0, b0);
                 load(c0 + 2 * TR_BQ_STAGE, a0, b0);
@@ -726,13 +757,28 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[n][e] += acc2[n][e];
             }
+            if constexpr (SPLIT) {
+                if (parts > 1) { /* block-uniform: each group's first warp sums its parts */
+                    red[tid] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+                    __syncthreads();
+                    if (part == 0) {
+                        for (unsigned o = 1; o < parts; o++) {
+                            const float4 v = red[tid + o * 32u];
+                            acc[0][0] += v.x;
+                            acc[0][1] += v.y;
+                            acc[0][2] += v.z;
+                            acc[0][3] += v.w;
+                        }
+                    }
+                }
+            }
 #pragma unroll
             for (int n = 0; n < NT; n++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const unsigned qi = n * 8 + 2 * t + (e & 1);
                     const bool hi = e >= 2;
-                    const bool v = hi ? vh : vg;
+                    const bool v = (hi ? vh : vg) && (!SPLIT || part == 0);
                     if (qi < p.nq && v) {
                         const BatchQuery &bq = p.bq[qi];
                         if (bq.filter && (hi ? nsh : nsg) != bq.ns_hash) continue;
@@ -1079,7 +1125,7 @@ __device__ __forceinline__ void st_release_sys(unsigned *a, unsigned v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
 
-template <bool ONE_TRIP>
+template <bool ONE_TRIP, bool SPLIT>
 __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
 persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl, unsigned seq, unsigned nvec,
                unsigned long long *phase) {
@@ -1162,7 +1208,7 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
         if (nq == 0) return; /* stop */
         const BatchParams &p = sreq.p;
         if (blk < G) {
-            if (nq <= 8) batch_scan_block<1>(p, nullptr, true, blk, G, bsm, prof);
+            if (nq <= 8) batch_scan_block<1, SPLIT>(p, nullptr, true, blk, G, bsm, prof);
             else batch_scan_block<2>(p, nullptr, true, blk, G, bsm, prof);
         }
         __syncthreads();
@@ -1254,6 +1300,9 @@ typedef struct cuda_backend {
     cudaEvent_t stage_free;
     int poison;            /* TR_CUDA_POISON=1: fill result buffers with garbage before each search */
     uint64_t one_trip_max_rows; /* the persistent kernel merges in one trip up to this many rows */
+    uint64_t split_max_rows;    /* ... and splits the dimensions among a block's warps up to this many (0: never) */
+    uint64_t split_rpb;         /* rows per block of that kernel: scan blocks = rows / this, up to the grid */
+    int persist_split;          /* the running persistent kernel is the split one */
     int alternate;         /* walk every other batched pass backward (TR_CUDA_ALTERNATE=0 turns it off) */
     unsigned passes;       /* batched passes so far (the direction of the next) */
     /* batched search (f16 rows; TR_CUDA_MMA=0 turns it off) */
@@ -1433,15 +1482,20 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         int coop = 0, per_sm = 0;
         CREATE_TRY(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cfg->device));
         b->psmem = batch_smem(b, 2);
-        int per_sm_one_trip = 0;
-        CREATE_TRY(cudaFuncSetAttribute(persist_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
-        CREATE_TRY(cudaFuncSetAttribute(persist_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
-        CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_kernel<false>, TR_CUDA_BLOCK, b->psmem));
-        CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_one_trip, persist_kernel<true>, TR_CUDA_BLOCK,
-                                                                 b->psmem));
-        if (per_sm_one_trip < per_sm) per_sm = per_sm_one_trip; /* one grid for both: the lists are sized by it */
+        int per_sm_kernel = 0;
+        const void *kernels[] = {(const void *)persist_kernel<false, false>, (const void *)persist_kernel<true, false>,
+                                 (const void *)persist_kernel<true, true>};
+        per_sm = TR_CUDA_BLOCKS_PER_SM;
+        for (const void *k : kernels) { /* one grid for all: the lists are sized by it */
+            CREATE_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
+            CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_kernel, k, TR_CUDA_BLOCK, b->psmem));
+            if (per_sm_kernel < per_sm) per_sm = per_sm_kernel;
+        }
         const char *otr = getenv("TR_CUDA_ONE_TRIP_MAX_ROWS");
         b->one_trip_max_rows = otr && otr[0] ? strtoull(otr, NULL, 10) : TR_ONE_TRIP_MAX_ROWS;
+        const char *srpb = getenv("TR_CUDA_SPLIT_ROWS_PER_BLOCK");
+        b->split_rpb = srpb && srpb[0] ? strtoull(srpb, NULL, 10) : TR_SPLIT_RPB;
+        if (b->split_rpb < 1 || b->split_rpb > TR_SPLIT_MAX_RPB) b->split_rpb = TR_SPLIT_RPB;
         if (per_sm > TR_CUDA_BLOCKS_PER_SM) per_sm = TR_CUDA_BLOCKS_PER_SM;
         /* TR_CUDA_PERSIST_BLOCKS_PER_SM=1: half the lists to merge, for measuring the trade-off */
         const char *bps = getenv("TR_CUDA_PERSIST_BLOCKS_PER_SM");
@@ -1450,6 +1504,10 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         if (grid > b->grid_max) grid = b->grid_max;
         b->pgrid = (unsigned)grid;
         b->persist_ok = coop && grid > 0 && !(pe && pe[0] == '0');
+        const char *smr = getenv("TR_CUDA_SPLIT_MAX_ROWS");
+        b->split_max_rows = smr && smr[0] ? strtoull(smr, NULL, 10) : (uint64_t)grid * TR_SPLIT_MAX_RPB;
+        if (b->split_max_rows > (uint64_t)grid * TR_SPLIT_MAX_RPB)
+            b->split_max_rows = (uint64_t)grid * TR_SPLIT_MAX_RPB;
     }
     if (b->persist_ok) {
         const size_t mb_bytes = sizeof(PersistMailbox) + (size_t)TR_BQ_MAX * b->nvec * sizeof(uint4);
@@ -1800,11 +1858,11 @@ static void stage_query_f16(const cuda_backend *b, const float *query, uint4 *ds
 /* The store's part of a batched pass (launched or persistent): rows in runs of whole rounds over at most
  * max_blocks blocks, walked backward every other pass (BatchParams::backward). Returns the number of runs,
  * i.e. of scanning blocks and partial lists. */
-static unsigned batch_params_init(cuda_backend *b, BatchParams &p, unsigned max_blocks) {
+static unsigned batch_params_init(cuda_backend *b, BatchParams &p, unsigned max_blocks, uint64_t min_rpb = TR_BQ_ROUND) {
     memset(&p, 0, sizeof p);
     p.backward = b->alternate && (b->passes++ & 1u);
     uint64_t rpb = (b->rows + max_blocks - 1) / max_blocks;
-    if (rpb < TR_BQ_ROUND) rpb = TR_BQ_ROUND;
+    if (rpb < min_rpb) rpb = min_rpb;
     p.X = b->X;
     p.ids = b->ids;
     p.ns = b->ns;
@@ -1837,8 +1895,10 @@ static int persist_start(cuda_backend *b, char *err, size_t errlen) {
     /* chosen by the row count now: writes stop it, but a delete that moves no row only shrinks b->rows while it
      * runs. Each pass reads its row count from its own parameters, so either kernel is exact at any size; the
      * choice only decides speed. */
-    const void *kernel = b->rows <= b->one_trip_max_rows ? (const void *)persist_kernel<true>
-                                                          : (const void *)persist_kernel<false>;
+    b->persist_split = b->rows <= b->split_max_rows;
+    const void *kernel = b->persist_split                   ? (const void *)persist_kernel<true, true>
+                         : b->rows <= b->one_trip_max_rows ? (const void *)persist_kernel<true, false>
+                                                           : (const void *)persist_kernel<false, false>;
     cudaError_t e = cudaLaunchCooperativeKernel(kernel, dim3(b->pgrid), dim3(TR_CUDA_BLOCK), args, b->psmem, b->stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -1849,6 +1909,9 @@ static int persist_start(cuda_backend *b, char *err, size_t errlen) {
     }
     b->persist_running = 1;
     b->ppolls = 0;
+    if (b->verbose)
+        fprintf(stderr, "tr-sidecar: cuda: persistent kernel started for %llu rows (%s)\n", (unsigned long long)b->rows,
+                b->persist_split ? "split scan" : b->rows <= b->one_trip_max_rows ? "one-trip merge" : "merge in rounds");
     return 0;
 }
 
@@ -1996,7 +2059,7 @@ static int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, 
     PersistReq *pr = &b->pmb->req;
     BatchParams &p = pr->p;
     uint4 *q16 = reinterpret_cast<uint4 *>(b->pmb + 1);
-    pr->G = batch_params_init(b, p, b->pgrid);
+    pr->G = batch_params_init(b, p, b->pgrid, b->persist_split ? b->split_rpb : TR_BQ_ROUND);
     uint32_t f = 0;
     for (uint32_t i = 0; i < n; i++) {
         tr_search_request *r = &reqs[i];
