@@ -1483,13 +1483,12 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
     }
     if (b->mma_ok) {
         const char *pe = getenv("TR_CUDA_PERSIST");
-        int coop = 0, per_sm = 0;
+        int coop = 0, per_sm = TR_CUDA_BLOCKS_PER_SM; /* lowered to what every build can hold */
         CREATE_TRY(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, cfg->device));
         b->psmem = batch_smem(b, 2);
         int per_sm_kernel = 0;
         const void *kernels[] = {(const void *)persist_kernel<false, false>, (const void *)persist_kernel<true, false>,
                                  (const void *)persist_kernel<true, true>};
-        per_sm = TR_CUDA_BLOCKS_PER_SM;
         for (const void *k : kernels) { /* one grid for all: the lists are sized by it */
             CREATE_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem));
             CREATE_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_kernel, k, TR_CUDA_BLOCK, b->psmem));
@@ -1500,7 +1499,6 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         const char *srpb = getenv("TR_CUDA_SPLIT_ROWS_PER_BLOCK");
         b->split_rpb = srpb && srpb[0] ? strtoull(srpb, NULL, 10) : TR_SPLIT_RPB;
         if (b->split_rpb < 1 || b->split_rpb > TR_SPLIT_MAX_RPB) b->split_rpb = TR_SPLIT_RPB;
-        if (per_sm > TR_CUDA_BLOCKS_PER_SM) per_sm = TR_CUDA_BLOCKS_PER_SM;
         /* TR_CUDA_PERSIST_BLOCKS_PER_SM=1: half the lists to merge, for measuring the trade-off */
         const char *bps = getenv("TR_CUDA_PERSIST_BLOCKS_PER_SM");
         if (bps && bps[0] >= '1' && bps[0] - '0' < per_sm) per_sm = bps[0] - '0';
