@@ -1,8 +1,12 @@
-"""Finds the installed sidecar executable and loads the client library (libtrclient) with typed signatures."""
+"""Finds the installed sidecar executable and loads the client library (libtrclient, with typed signatures) and
+the search fast path (_trfast)."""
 from __future__ import annotations
 
 import ctypes as C
+import importlib.machinery
+import importlib.util
 import os
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,8 +24,6 @@ def _candidate_dirs() -> list[Path]:
     dirs.append(_PACKAGE_DIR / "_bin")
     # An editable install keeps compiled files in site-packages, not beside the sources.
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec("tiered_recall")
         for location in (spec.submodule_search_locations or []) if spec else []:
             dirs.append(Path(location) / "_bin")
@@ -85,3 +87,29 @@ def client_library() -> C.CDLL:
             f"{L.LAYOUT_VERSION}: reinstall the package so both come from one build"
         )
     return lib
+
+
+@lru_cache(maxsize=1)
+def fast_search_module():
+    """The compiled search fast path (native/src/fastsearch.c) from the folder libtrclient came from, or None where
+    that build had no Python headers: HotTier then searches through libtrclient by ctypes, with the same results."""
+    directory = _find("libtrclient.so").parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = directory / f"_trfast{suffix}"
+        if not path.exists():
+            continue
+        spec = importlib.util.spec_from_file_location("tiered_recall._trfast", path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as exc:  # e.g. built against another numpy than the one installed now
+            warnings.warn(f"{path} could not be loaded ({exc}): searches go through ctypes, ~1.5 us slower each; "
+                          "reinstall the package to rebuild it", RuntimeWarning, stacklevel=2)
+            return None
+        if module.LAYOUT_VERSION != L.LAYOUT_VERSION:
+            raise SidecarUnavailable(
+                f"{path} speaks layout {module.LAYOUT_VERSION}, the Python package "
+                f"{L.LAYOUT_VERSION}: reinstall the package so both come from one build"
+            )
+        return module
+    return None

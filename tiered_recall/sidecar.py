@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from . import _layout as L
-from ._native import client_library, sidecar_executable
+from ._native import client_library, fast_search_module, sidecar_executable
 from .errors import (
     HotTierFull,
     IncompatibleLayout,
@@ -179,6 +179,9 @@ class HotTier:
         self._payload_bytes = int(h.slot_payload_bytes)
         self._ns_table = np.frombuffer(self._mm, dtype=_NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
         self._ns_mask = int(h.ns_entries) - 1
+        fast = fast_search_module()
+        self._fast = None if fast is None else fast.FastClient(self._base, self._pid, self._timeout_ns, self._spin_ns,
+                                                               self._yield_ns, SearchResult)
         self._client_index = self._lib.tr_client_register(self._base, self._pid)
         self.ping()
 
@@ -221,17 +224,17 @@ class HotTier:
         if rc != L.CALL_OK:
             raise self._call_error(rc)
         if result.status != L.OK:
-            raise self._status_error(result)
+            raise self._status_error(result.status, result.message)
         return result
 
     @staticmethod
-    def _status_error(result: L.CallResult) -> Exception:
-        message = result.message.decode("utf-8", "replace")
-        if result.status == L.E_FULL:
-            return HotTierFull(message)
-        if result.status in _INVALID_STATUSES:
-            return InvalidInput(message)
-        return SidecarError(f"sidecar error {result.status}: {message}")
+    def _status_error(status: int, message: bytes) -> Exception:
+        text = message.decode("utf-8", "replace")
+        if status == L.E_FULL:
+            return HotTierFull(text)
+        if status in _INVALID_STATUSES:
+            return InvalidInput(text)
+        return SidecarError(f"sidecar error {status}: {text}")
 
     def _call_error(self, rc: int) -> Exception:
         pid = self._header.owner_pid
@@ -259,6 +262,16 @@ class HotTier:
     def search(self, queries: np.ndarray, *, k: int = 10, namespace_hash: int | None = None,
                normalize: bool = False, touch: bool = True) -> SearchResult:
         """queries: (d,) or (nq, d) float32, C-contiguous, unit norm unless normalize=True."""
+        fast = self._fast
+        if fast is not None and type(queries) is np.ndarray:
+            # The compiled fast path (native/src/fastsearch.c) returns the SearchResult, (rc, status, message) when
+            # the call failed, or None for arguments it does not take: the checks below then say what is wrong.
+            answer = fast.search(queries, k, normalize, touch, namespace_hash)
+            if type(answer) is SearchResult:
+                return answer
+            if answer is not None:
+                rc, status, message = answer
+                raise self._call_error(rc) if rc != L.CALL_OK else self._status_error(status, message)
         q = queries
         if not isinstance(q, np.ndarray) or (q.dtype is not _F32 and q.dtype != _F32) or not q.flags.c_contiguous:
             raise InvalidInput(
@@ -312,7 +325,7 @@ class HotTier:
         if rc != L.CALL_OK:
             raise self._call_error(rc)
         if result.status != L.OK:
-            raise self._status_error(result)
+            raise self._status_error(result.status, result.message)
         return SearchResult(ids, scores, result.reply_count, result.service_ns)
 
     def upsert(self, ids: Sequence[int] | np.ndarray, vectors: np.ndarray, namespace_hashes: Sequence[int] | np.ndarray | int,
@@ -470,6 +483,7 @@ class HotTier:
             return
         if self._client_index >= 0:
             self._lib.tr_client_unregister(self._base, self._client_index, self._pid)
+        self._fast = None  # before the unmap: it holds the segment's address
         del self._header, self._anchor, self._ns_table
         self._base = 0
         mm, self._mm = self._mm, None
