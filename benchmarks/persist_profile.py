@@ -1,6 +1,6 @@
 """Where a persistent-kernel search spends its time: back-to-back searches against a CUDA sidecar
 started with TR_CUDA_PROFILE=1, then the sidecar's own log of mean stage times (host submit to
-done seen; in the kernel: word seen to go, go to last ticket, last ticket to done).
+done seen; in the kernel: message seen to go, go to last ticket, last ticket to done).
 
     python benchmarks/persist_profile.py --rows 4096 100000 --dim 768
     python benchmarks/persist_profile.py --rows 100000 --batch 16   # one 16-query batch per call

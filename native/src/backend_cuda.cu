@@ -23,6 +23,9 @@
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#if defined(__x86_64__)
+#include <emmintrin.h> /* store16 */
+#endif
 
 #include <limits.h>
 #include <math.h>
@@ -1102,10 +1105,11 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
 /*
  * One cooperative launch keeps TR_CUDA_BLOCK-thread blocks resident on every SM. The host (the
  * server thread, after it has checked and normalised the requests as for a launch) writes a batch
- * of up to TR_BQ_MAX f16 queries and their parameters into a pinned, mapped mailbox and then one
- * word: seq << 8 | nq. Block 0 polls that word over PCIe, copies the batch into device memory and
- * raises ctl->go to the same word; every other block polls go in L2 and loads the batch from the
- * device copy. Every block takes part in every batch (the
+ * of up to TR_BQ_MAX f16 queries and their parameters into a pinned, mapped mailbox as one tagged
+ * message: 16-byte chunks of 12 bytes of the batch and the tag seq << 8 | nq, each written by one
+ * atomic 16-byte store. Block 0 polls the message itself over PCIe (a batch is there when every chunk
+ * it spans carries the tag), copies it into device memory and raises ctl->go to the tag; every other
+ * block polls go in L2 and loads the batch from the device copy. Every block takes part in every batch (the
  * first G scan their share of rows, the others only take a ticket), so a batch cannot finish while
  * any block still reads the previous one. The last block to take its ticket merges (up to
  * TR_BQ_FUSE_MAX queries, or when there are fewer scanning blocks than queries), or releases blocks
@@ -1114,24 +1118,39 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
  * nq = 0 stops the kernel: the host sends it before any write to the rows and when the server goes
  * to sleep, so an idle store does not keep the GPU spinning, and the next search launches it again.
  */
-#define TR_PERSIST_SEQ_MASK 0xFFFFFFu /* seq lives in the top 24 bits of the mailbox word; 0 is never used */
+#define TR_PERSIST_SEQ_MASK 0xFFFFFFu /* seq lives in the top 24 bits of the message tag and of go; 0 is never used */
 
 struct alignas(16) PersistReq {
     unsigned nq, G, profile, pad1;     /* profile: stamp the stages into mb->stamp (TR_CUDA_PROFILE=1) */
     BatchParams p;
 };
 
+/* The message: the PersistReq and then nq rows of nvec uint4 of f16 queries, as a stream of 32-bit words cut
+ * into 12-byte pieces, each sent in a chunk whose fourth word is the tag. Block 0 used to poll one word and then
+ * read the batch: two PCIe round trips before go. It now polls the chunks themselves: one. The tag in every chunk
+ * is what makes that safe: reads of separate words may be served in any order, so a batch read beside a word
+ * read could be older than the word. */
+#define TR_MSG_HEAD TR_CUDA_BLOCK /* chunks block 0 polls at most, one per thread: the parameters and one query of
+                                   * up to 1,216 dims; the rest of a longer message is read once the head is there */
+#define TR_MSG_LOADS 8            /* ... in rounds of this many chunks per thread */
+static_assert((TR_MSG_HEAD * 3 - sizeof(PersistReq) / 4) * 2 == 1216, "say how many dims the head carries");
+__host__ __device__ inline unsigned persist_msg_words(unsigned nq, unsigned nvec) {
+    return (unsigned)(sizeof(PersistReq) / 4) + nq * nvec * 4u;
+}
+__host__ __device__ inline unsigned persist_msg_chunks(unsigned nq, unsigned nvec) {
+    return (persist_msg_words(nq, nvec) + 2u) / 3u;
+}
+
 struct PersistMailbox {
-    alignas(128) unsigned word;        /* host -> device: seq << 8 | nq (nq = 0: stop) */
     alignas(128) unsigned done_seq;    /* device -> host: the last seq answered */
     unsigned hits[TR_BQ_MAX];          /* device -> host: hits per query of that batch */
-    unsigned long long stamp[4];       /* device -> host (profile): %globaltimer at word seen, go, last
+    unsigned long long stamp[4];       /* device -> host (profile): %globaltimer at message seen, go, last
                                         * ticket, done */
     unsigned long long merge_stamp[3]; /* device -> host (profile, merged by the last block): %globaltimer
                                         * after the merge's bounds, after its candidates; candidates kept */
-    alignas(128) PersistReq req;       /* host -> device */
-    /* then TR_BQ_MAX x nvec uint4 of f16 queries (persist_query_area) */
+    /* then the message, host -> device: persist_msg_chunks(TR_BQ_MAX, nvec) uint4, 128-byte aligned */
 };
+static_assert(sizeof(PersistMailbox) % 128 == 0, "the message starts on a 128-byte line");
 
 struct PersistCtl {                    /* device memory, zeroed before each launch */
     unsigned go;                       /* seq of the batch copied into dreq/dq */
@@ -1162,6 +1181,82 @@ __device__ __forceinline__ void st_release_sys(unsigned *a, unsigned v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
 
+/* Block 0 of the persistent kernel: polls the host's message for batch seq (each thread one chunk of its head; it
+ * is there when chunk 0 carries this seq and every chunk it spans carries chunk 0's tag), unpacks it into the
+ * block's sreq and staged queries sq and into dreq/dq for the other blocks, reading a message longer than the head
+ * (several queries, or large dims) on until all of it carries the tag, and zeroes the padding of the staged rows.
+ * Returns the tag (seq << 8 | nq); tr_seen_ns: %globaltimer when the head was there, tr_seen_clk: clock64 then.
+ * Not inlined: inlined, its registers made the scan of two builds spill. */
+__shared__ unsigned long long tr_seen_ns;
+__shared__ long long tr_seen_clk;
+__device__ __noinline__ unsigned persist_receive(const PersistMailbox *mb, PersistReq *sreq, uint4 *sq,
+                                                 PersistReq *dreq, uint4 *dq, unsigned seq, unsigned nvec,
+                                                 unsigned qstride) {
+    __shared__ unsigned s_tag;
+    const unsigned tid = threadIdx.x;
+    const uint4 *msg = reinterpret_cast<const uint4 *>(mb + 1);
+    /* the head: what one query needs (a poll of more bytes took longer to come back) */
+    const unsigned head = min(persist_msg_chunks(1, nvec), (unsigned)TR_MSG_HEAD);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    unsigned tag, nchunks;
+    for (;;) {
+        if (tid < head) v = __ldcv(msg + tid);
+        if (tid == 0) s_tag = v.w;
+        __syncthreads();
+        tag = s_tag;
+        nchunks = persist_msg_chunks(tag & 0xFFu, nvec);
+        const bool ok = (tag >> 8) == seq && (tid >= min(nchunks, head) || v.w == tag);
+        if (__syncthreads_and(ok)) break;
+    }
+    if (tid == 0) {
+        tr_seen_clk = clock64();
+        tr_seen_ns = global_ns();
+    }
+    const unsigned nq = tag & 0xFFu, req_words = (unsigned)(sizeof(PersistReq) / 4),
+                   words = persist_msg_words(nq, nvec), row_words = nvec * 4u;
+    auto unpack = [&](unsigned c, const uint4 &x) {
+        const unsigned val[3] = {x.x, x.y, x.z};
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            const unsigned u = c * 3u + i;
+            if (u < req_words) {
+                reinterpret_cast<unsigned *>(sreq)[u] = val[i];
+                reinterpret_cast<unsigned *>(dreq)[u] = val[i];
+            } else if (u < words) {
+                const unsigned j = u - req_words, r = j / row_words, col = j - r * row_words;
+                reinterpret_cast<unsigned *>(sq)[r * qstride * 4u + col] = val[i];
+                reinterpret_cast<unsigned *>(dq)[j] = val[i];
+            }
+        }
+    };
+    if (tid < min(nchunks, head)) unpack(tid, v);
+    for (bool rest = nchunks > head; rest;) { /* block-uniform */
+        /* in rounds of TR_MSG_LOADS chunks per thread, all loads in flight before any is used */
+        bool ok = true;
+        for (unsigned c0 = head; c0 < nchunks; c0 += TR_MSG_LOADS * blockDim.x) {
+            uint4 x[TR_MSG_LOADS];
+#pragma unroll
+            for (int i = 0; i < TR_MSG_LOADS; i++) {
+                const unsigned c = c0 + i * blockDim.x + tid;
+                x[i] = c < nchunks ? __ldcv(msg + c) : make_uint4(0, 0, 0, tag);
+            }
+#pragma unroll
+            for (int i = 0; i < TR_MSG_LOADS; i++) {
+                const unsigned c = c0 + i * blockDim.x + tid;
+                if (x[i].w != tag) ok = false;
+                else if (c < nchunks) unpack(c, x[i]);
+            }
+        }
+        rest = !__syncthreads_and(ok);
+    }
+    /* padding inside a staged row feeds the mma: zeros (a row past nq feeds only its own, unread, column) */
+    for (unsigned i = tid; i < nq * (qstride - nvec); i += blockDim.x) {
+        const unsigned r = i / (qstride - nvec), c = nvec + (i - r * (qstride - nvec));
+        sq[r * qstride + c] = make_uint4(0, 0, 0, 0);
+    }
+    return tag;
+}
+
 template <bool ONE_TRIP, bool SPLIT>
 __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
 persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl, unsigned seq, unsigned nvec,
@@ -1174,72 +1269,54 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
     __shared__ float mthr;
     __shared__ float wmax[TR_CUDA_WARPS];
     const unsigned tid = threadIdx.x, blk = blockIdx.x, nblocks = gridDim.x;
-    const uint4 *mq = reinterpret_cast<const uint4 *>(mb + 1);
     const bool prof = phase != nullptr; /* TR_CUDA_PROFILE=1: per-block phases (TR_PH_*) */
     constexpr unsigned NREQ = sizeof(PersistReq) / sizeof(uint4);
     const unsigned qstride = (nvec + 3) / 4 * 4 + 1; /* BatchParams::qstride */
     uint4 *sq = bsm;                                  /* the scan's staged queries (batch_scan_block) */
-    unsigned long long t_seen = 0;
     for (;;) {
         seq = persist_next_seq(seq);
-        /* Each block loads the parameters into sreq and stages the queries into sq in one loop, so
-         * their loads are in flight together: block 0 from the mailbox over PCIe (also copying them to
-         * dreq/dq for the others), every other block from dreq/dq in L2 once go carries this seq. nq
-         * rides in the low byte of the mailbox word and of go, so the loop's bounds are known first. */
-        if (tid == 0) {
-            if (blk == 0) {
-                unsigned w;
-                while (((w = ld_acquire_sys(&mb->word)) >> 8) != seq) {
+        if (blk == 0) {
+            const unsigned tag = persist_receive(mb, &sreq, sq, dreq, dq, seq, nvec, qstride);
+            /* Fences in this kernel follow cooperative groups' grid sync: the block's threads meet at a barrier and
+             * one thread fences (here: the release of go) for all of them. A fence in every thread first, then the
+             * release's own, was two fence latencies in a row. */
+            __syncthreads();
+            if (tid == 0) {
+                if (prof) {
+                    tr_clk[0] = tr_seen_clk;
+                    tr_clk[TR_PH_CYCLES + 1] = tr_seen_ns;
                 }
-                s_word = w;
-                t_seen = global_ns();
-            } else {
+                if (sreq.profile) {
+                    mb->stamp[0] = tr_seen_ns;
+                    mb->stamp[1] = global_ns();
+                    if (prof) ctl->go_ns = mb->stamp[1];
+                }
+                st_release_gpu(&ctl->go, tag);
+            }
+        } else {
+            if (tid == 0) {
                 unsigned g;
                 while (((g = ld_acquire_gpu(&ctl->go)) >> 8) != seq) __nanosleep(32);
                 s_word = g;
-            }
-            if (prof) {
-                tr_clk[0] = clock64();
-                tr_clk[TR_PH_CYCLES + 1] = blk == 0 ? t_seen : global_ns();
-            }
-        }
-        __syncthreads(); /* with tid 0's acquire: the loads below see what the word or go published */
-        {
-            /* Only the batch's own query rows: a row past nq feeds only its own column of the mma, whose scores
-             * nothing reads, so it needs no zeros. Zero-filling the whole tile (8 or 16 rows) took each thread 4
-             * trips round this loop at 768 dims: staging took 1.3 us even with its code and data warm, 1.7 cold;
-             * now 0.9 cold (H200, 4,096 x 768, one query). */
-            const unsigned nq = s_word & 0xFFu;
-            const uint4 *rsrc = blk == 0 ? reinterpret_cast<const uint4 *>(&mb->req) : reinterpret_cast<const uint4 *>(dreq);
-            unsigned profile = 0;
-            for (unsigned i = tid; i < NREQ + nq * qstride; i += blockDim.x) {
-                if (i < NREQ) {
-                    const uint4 v = blk == 0 ? __ldcv(rsrc + i) : __ldcg(rsrc + i);
-                    reinterpret_cast<uint4 *>(&sreq)[i] = v;
-                    if (blk == 0) reinterpret_cast<uint4 *>(dreq)[i] = v;
-                    if (i == 0) profile = v.z; /* PersistReq::profile */
-                } else {
-                    const unsigned j = i - NREQ, r = j / qstride, c = j - r * qstride;
-                    uint4 v = make_uint4(0, 0, 0, 0);
-                    if (r < nq && c < nvec) {
-                        v = blk == 0 ? __ldcv(mq + r * nvec + c) : __ldcg(dq + r * nvec + c);
-                        if (blk == 0) dq[r * nvec + c] = v;
-                    }
-                    sq[j] = v;
+                if (prof) {
+                    tr_clk[0] = clock64();
+                    tr_clk[TR_PH_CYCLES + 1] = global_ns();
                 }
             }
-            if (blk == 0) {
-                /* Fences in this kernel follow cooperative groups' grid sync: the block's threads meet
-                 * at a barrier and one thread fences (here: the release of go) for all of them. A fence
-                 * in every thread first, then the release's own, was two fence latencies in a row. */
-                __syncthreads();
-                if (tid == 0) {
-                    if (profile) {
-                        mb->stamp[0] = t_seen;
-                        mb->stamp[1] = global_ns();
-                        if (prof) ctl->go_ns = mb->stamp[1];
-                    }
-                    st_release_gpu(&ctl->go, s_word);
+            __syncthreads(); /* with tid 0's acquire: the loads below see what go published */
+            /* Each block loads the parameters into sreq and stages the queries into sq in one loop, so their loads
+             * are in flight together (from L2: block 0 wrote them before go). nq rides in the low byte of go, so the
+             * loop's bounds are known first. Only the batch's own query rows: a row past nq feeds only its own
+             * column of the mma, whose scores nothing reads, so it needs no zeros. Zero-filling the whole tile (8 or
+             * 16 rows) took each thread 4 trips round this loop at 768 dims: staging took 1.3 us even with its code
+             * and data warm, 1.7 cold; now 0.9 cold (H200, 4,096 x 768, one query). */
+            const unsigned nq = s_word & 0xFFu;
+            for (unsigned i = tid; i < NREQ + nq * qstride; i += blockDim.x) {
+                if (i < NREQ) {
+                    reinterpret_cast<uint4 *>(&sreq)[i] = __ldcg(reinterpret_cast<const uint4 *>(dreq) + i);
+                } else {
+                    const unsigned j = i - NREQ, r = j / qstride, c = j - r * qstride;
+                    sq[j] = c < nvec ? __ldcg(dq + r * nvec + c) : make_uint4(0, 0, 0, 0);
                 }
             }
         }
@@ -1383,6 +1460,10 @@ typedef struct cuda_backend {
     int verbose;
     PersistMailbox *pmb;   /* pinned, mapped */
     PersistMailbox *pmb_dev;
+    unsigned char *pstream; /* the message's content (host memory): the batch's parameters (preq), then its f16
+                             * queries (pq16), and 16 bytes of slack for persist_post's last 16-byte load */
+    PersistReq *preq;
+    uint4 *pq16;
     PersistReq *pdreq;     /* device copies of the batch */
     uint4 *pdq;
     PersistCtl *pctl;
@@ -1549,7 +1630,17 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
             b->split_max_rows = (uint64_t)grid * TR_SPLIT_MAX_RPB;
     }
     if (b->persist_ok) {
-        const size_t mb_bytes = sizeof(PersistMailbox) + (size_t)TR_BQ_MAX * b->nvec * sizeof(uint4);
+        size_t msg_chunks = persist_msg_chunks(TR_BQ_MAX, b->nvec);
+        if (msg_chunks < TR_MSG_HEAD) msg_chunks = TR_MSG_HEAD; /* block 0 reads a whole head, message or not */
+        const size_t mb_bytes = sizeof(PersistMailbox) + msg_chunks * sizeof(uint4);
+        b->pstream = (unsigned char *)calloc(sizeof(PersistReq) + ((size_t)TR_BQ_MAX * b->nvec + 1) * sizeof(uint4), 1);
+        b->preq = reinterpret_cast<PersistReq *>(b->pstream);
+        b->pq16 = reinterpret_cast<uint4 *>(b->pstream + sizeof(PersistReq));
+        if (!b->pstream) {
+            snprintf(err, errlen, "out of host memory for the persistent kernel's queries");
+            cuda_destroy(b);
+            return NULL;
+        }
         CREATE_TRY(cudaHostAlloc((void **)&b->pmb, mb_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
         memset(b->pmb, 0, mb_bytes);
         CREATE_TRY(cudaHostGetDevicePointer((void **)&b->pmb_dev, b->pmb, 0));
@@ -1592,6 +1683,7 @@ static void cuda_destroy(void *self) {
     cudaFree(b->bpart_s); cudaFree(b->bpart_id); cudaFree(b->bpart_n); cudaFree(b->bdone); cudaFree(b->dq);
     cudaFree(b->pdreq); cudaFree(b->pdq); cudaFree(b->pctl); cudaFree(b->pphase);
     if (b->pmb) cudaFreeHost(b->pmb);
+    free(b->pstream);
     if (b->hq16) cudaFreeHost(b->hq16);
     if (b->hq) cudaFreeHost(b->hq);
     if (b->hres_ids) cudaFreeHost(b->hres_ids);
@@ -1619,6 +1711,27 @@ static int ensure_stage(cuda_backend *b, uint32_t n, char *err, size_t errlen) {
 }
 
 static void f32_to_f16(const float *src, uint16_t *dst, uint32_t n);
+
+/* 12 bytes from src and then tag, as one 16-byte store that no reader sees in part (the persistent kernel's
+ * message chunks): x86-64 CPUs with AVX carry out an aligned 16-byte SSE store atomically (Intel SDM vol. 3A
+ * 9.1.1; AMD likewise), and an aligned STP of two 64-bit registers is single-copy atomic from Armv8.4
+ * (FEAT_LSE2). src may be unaligned; its 16 bytes are read. */
+static inline void store16_tagged(uint4 *dst, const unsigned char *src, uint32_t tag) {
+#if defined(__x86_64__)
+    const __m128i low12 = _mm_set_epi32(0, -1, -1, -1);
+    const __m128i v = _mm_or_si128(_mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src)), low12),
+                                   _mm_set_epi32((int)tag, 0, 0, 0));
+    _mm_store_si128(reinterpret_cast<__m128i *>(dst), v);
+#elif defined(__aarch64__)
+    uint64_t lo, hi;
+    memcpy(&lo, src, 8);
+    memcpy(&hi, src + 8, 8);
+    hi = (uint64_t)tag << 32 | (hi & 0xFFFFFFFFull);
+    asm volatile("stp %0, %1, [%2]" ::"r"(lo), "r"(hi), "r"(dst) : "memory");
+#else
+#error "the persistent kernel's mailbox needs an atomic 16-byte store on this CPU"
+#endif
+}
 
 static int cuda_write_rows(void *self, const uint64_t *rows, uint32_t n, const float *vectors,
                            const int64_t *ids, const uint64_t *ns, char *err, size_t errlen) {
@@ -1926,6 +2039,16 @@ static void set_batch_query(BatchParams &p, uint32_t j, const tr_search_request 
     p.any_filter |= (unsigned)p.bq[j].filter;
 }
 
+/* Writes the message (b->preq and nq rows of b->pq16, one stream in b->pstream) into the mailbox with the tag
+ * seq << 8 | nq, one atomic 16-byte store per chunk: the kernel takes a chunk whose tag it sees as whole (a DMA
+ * read sees an aligned 16 bytes of one cache line as the one store left them). Words past the message in its last
+ * chunk are whatever the stream holds there; the kernel ignores them. */
+static void persist_post(cuda_backend *b, unsigned nq) {
+    const unsigned tag = b->pseq << 8 | nq, chunks = persist_msg_chunks(nq, b->nvec);
+    uint4 *msg = reinterpret_cast<uint4 *>(b->pmb + 1);
+    for (unsigned c = 0; c < chunks; c++) store16_tagged(&msg[c], b->pstream + (size_t)c * 12u, tag);
+}
+
 /* Launches the persistent kernel (asynchronously: it picks up the mailbox once it runs). */
 static int persist_start(cuda_backend *b, char *err, size_t errlen) {
     CUDA_TRY(cudaMemsetAsync(b->pctl, 0, sizeof(PersistCtl), b->stream));
@@ -2054,9 +2177,9 @@ static int persist_stop(cuda_backend *b, const char *why, char *err, size_t errl
         int rc = persist_wait(b, b->pseq, 1, err, errlen);
         if (rc) return rc;
     }
-    b->pmb->req.nq = 0;
+    b->preq->nq = 0;
     b->pseq = persist_next_seq(b->pseq);
-    __atomic_store_n(&b->pmb->word, b->pseq << 8, __ATOMIC_RELEASE);
+    persist_post(b, 0);
     b->persist_running = 0;
     CUDA_TRY(cudaStreamSynchronize(b->stream));
     if (b->verbose)
@@ -2064,7 +2187,7 @@ static int persist_stop(cuda_backend *b, const char *why, char *err, size_t errl
     if (b->profile && b->prof_n) {
         const double n = (double)b->prof_n;
         fprintf(stderr, "tr-sidecar: cuda: profile over %llu batches, mean us: host submit->done seen %.2f | "
-                "kernel: word seen->go %.2f, go->last ticket %.2f, last ticket->done %.2f\n", b->prof_n,
+                "kernel: message seen->go %.2f, go->last ticket %.2f, last ticket->done %.2f\n", b->prof_n,
                 b->prof_sum[0] / n / 1e3, b->prof_sum[1] / n / 1e3, b->prof_sum[2] / n / 1e3, b->prof_sum[3] / n / 1e3);
         if (b->prof_merge_n) {
             const double mn = (double)b->prof_merge_n;
@@ -2096,9 +2219,9 @@ static int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, 
         int rc = persist_start(b, err, errlen);
         if (rc) return rc;
     }
-    PersistReq *pr = &b->pmb->req;
+    PersistReq *pr = b->preq;
     BatchParams &p = pr->p;
-    uint4 *q16 = reinterpret_cast<uint4 *>(b->pmb + 1);
+    uint4 *q16 = b->pq16;
     pr->G = batch_params_init(b, p, b->pgrid, b->persist_split ? b->split_rpb : TR_BQ_ROUND);
     uint32_t f = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -2127,7 +2250,7 @@ static int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, 
     p.nq = total;
     b->pseq = persist_next_seq(b->pseq);
     if (b->profile) b->psubmit_ns = host_ns();
-    __atomic_store_n(&b->pmb->word, b->pseq << 8 | total, __ATOMIC_RELEASE);
+    persist_post(b, total);
     b->pending = 1;
     b->persist_pending = 1;
     b->pbatches++;
