@@ -1142,15 +1142,21 @@ __host__ __device__ inline unsigned persist_msg_chunks(unsigned nq, unsigned nve
 }
 
 struct PersistMailbox {
+    alignas(128) unsigned word;        /* host -> device, builds past TR_ONE_TRIP_MAX_ROWS: seq << 8 | nq (nq = 0:
+                                        * stop), after req and the queries */
     alignas(128) unsigned done_seq;    /* device -> host: the last seq answered */
     unsigned hits[TR_BQ_MAX];          /* device -> host: hits per query of that batch */
     unsigned long long stamp[4];       /* device -> host (profile): %globaltimer at message seen, go, last
                                         * ticket, done */
     unsigned long long merge_stamp[3]; /* device -> host (profile, merged by the last block): %globaltimer
                                         * after the merge's bounds, after its candidates; candidates kept */
-    /* then the message, host -> device: persist_msg_chunks(TR_BQ_MAX, nvec) uint4, 128-byte aligned */
+    alignas(128) PersistReq req;       /* host -> device, builds past TR_ONE_TRIP_MAX_ROWS */
+    /* then TR_BQ_MAX x nvec uint4 of f16 queries (those builds), then the tagged message (the others):
+     * max(TR_MSG_HEAD, persist_msg_chunks(TR_BQ_MAX, nvec)) uint4 (persist_msg_area) */
 };
-static_assert(sizeof(PersistMailbox) % 128 == 0, "the message starts on a 128-byte line");
+__host__ __device__ inline uint4 *persist_msg_area(PersistMailbox *mb, unsigned nvec) {
+    return reinterpret_cast<uint4 *>(mb + 1) + (size_t)TR_BQ_MAX * nvec;
+}
 
 struct PersistCtl {                    /* device memory, zeroed before each launch */
     unsigned go;                       /* seq of the batch copied into dreq/dq */
@@ -1194,7 +1200,7 @@ __device__ __noinline__ unsigned persist_receive(const PersistMailbox *mb, Persi
                                                  unsigned qstride) {
     __shared__ unsigned s_tag;
     const unsigned tid = threadIdx.x;
-    const uint4 *msg = reinterpret_cast<const uint4 *>(mb + 1);
+    const uint4 *msg = persist_msg_area(const_cast<PersistMailbox *>(mb), nvec);
     /* the head: what one query needs (a poll of more bytes took longer to come back) */
     const unsigned head = min(persist_msg_chunks(1, nvec), (unsigned)TR_MSG_HEAD);
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -1269,54 +1275,122 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
     __shared__ float mthr;
     __shared__ float wmax[TR_CUDA_WARPS];
     const unsigned tid = threadIdx.x, blk = blockIdx.x, nblocks = gridDim.x;
+    const uint4 *mq = reinterpret_cast<const uint4 *>(mb + 1);
     const bool prof = phase != nullptr; /* TR_CUDA_PROFILE=1: per-block phases (TR_PH_*) */
     constexpr unsigned NREQ = sizeof(PersistReq) / sizeof(uint4);
     const unsigned qstride = (nvec + 3) / 4 * 4 + 1; /* BatchParams::qstride */
     uint4 *sq = bsm;                                  /* the scan's staged queries (batch_scan_block) */
+    unsigned long long t_seen = 0;
     for (;;) {
         seq = persist_next_seq(seq);
-        if (blk == 0) {
-            const unsigned tag = persist_receive(mb, &sreq, sq, dreq, dq, seq, nvec, qstride);
-            /* Fences in this kernel follow cooperative groups' grid sync: the block's threads meet at a barrier and
-             * one thread fences (here: the release of go) for all of them. A fence in every thread first, then the
-             * release's own, was two fence latencies in a row. */
-            __syncthreads();
-            if (tid == 0) {
-                if (prof) {
-                    tr_clk[0] = tr_seen_clk;
-                    tr_clk[TR_PH_CYCLES + 1] = tr_seen_ns;
+        if constexpr (ONE_TRIP) { /* the tagged message (persist_receive) */
+            if (blk == 0) {
+                const unsigned tag = persist_receive(mb, &sreq, sq, dreq, dq, seq, nvec, qstride);
+                /* Fences in this kernel follow cooperative groups' grid sync: the block's threads meet at a barrier and
+                 * one thread fences (here: the release of go) for all of them. A fence in every thread first, then the
+                 * release's own, was two fence latencies in a row. */
+                __syncthreads();
+                if (tid == 0) {
+                    if (prof) {
+                        tr_clk[0] = tr_seen_clk;
+                        tr_clk[TR_PH_CYCLES + 1] = tr_seen_ns;
+                    }
+                    if (sreq.profile) {
+                        mb->stamp[0] = tr_seen_ns;
+                        mb->stamp[1] = global_ns();
+                        if (prof) ctl->go_ns = mb->stamp[1];
+                    }
+                    st_release_gpu(&ctl->go, tag);
                 }
-                if (sreq.profile) {
-                    mb->stamp[0] = tr_seen_ns;
-                    mb->stamp[1] = global_ns();
-                    if (prof) ctl->go_ns = mb->stamp[1];
+            } else {
+                if (tid == 0) {
+                    unsigned g;
+                    while (((g = ld_acquire_gpu(&ctl->go)) >> 8) != seq) __nanosleep(32);
+                    s_word = g;
+                    if (prof) {
+                        tr_clk[0] = clock64();
+                        tr_clk[TR_PH_CYCLES + 1] = global_ns();
+                    }
                 }
-                st_release_gpu(&ctl->go, tag);
+                __syncthreads(); /* with tid 0's acquire: the loads below see what go published */
+                /* Each block loads the parameters into sreq and stages the queries into sq in one loop, so their loads
+                 * are in flight together (from L2: block 0 wrote them before go). nq rides in the low byte of go, so the
+                 * loop's bounds are known first. Only the batch's own query rows: a row past nq feeds only its own
+                 * column of the mma, whose scores nothing reads, so it needs no zeros. Zero-filling the whole tile (8 or
+                 * 16 rows) took each thread 4 trips round this loop at 768 dims: staging took 1.3 us even with its code
+                 * and data warm, 1.7 cold; now 0.9 cold (H200, 4,096 x 768, one query). */
+                const unsigned nq = s_word & 0xFFu;
+                for (unsigned i = tid; i < NREQ + nq * qstride; i += blockDim.x) {
+                    if (i < NREQ) {
+                        reinterpret_cast<uint4 *>(&sreq)[i] = __ldcg(reinterpret_cast<const uint4 *>(dreq) + i);
+                    } else {
+                        const unsigned j = i - NREQ, r = j / qstride, c = j - r * qstride;
+                        sq[j] = c < nvec ? __ldcg(dq + r * nvec + c) : make_uint4(0, 0, 0, 0);
+                    }
+                }
             }
         } else {
+            /* Tiers past TR_ONE_TRIP_MAX_ROWS: the word, then the batch. The tagged message changed this build's
+             * code enough to slow its scan (H200, 2M x 768: 737 -> 792 us), and one round trip is little there. */
+            /* Each block loads the parameters into sreq and stages the queries into sq in one loop, so
+             * their loads are in flight together: block 0 from the mailbox over PCIe (also copying them to
+             * dreq/dq for the others), every other block from dreq/dq in L2 once go carries this seq. nq
+             * rides in the low byte of the mailbox word and of go, so the loop's bounds are known first. */
             if (tid == 0) {
-                unsigned g;
-                while (((g = ld_acquire_gpu(&ctl->go)) >> 8) != seq) __nanosleep(32);
-                s_word = g;
+                if (blk == 0) {
+                    unsigned w;
+                    while (((w = ld_acquire_sys(&mb->word)) >> 8) != seq) {
+                    }
+                    s_word = w;
+                    t_seen = global_ns();
+                } else {
+                    unsigned g;
+                    while (((g = ld_acquire_gpu(&ctl->go)) >> 8) != seq) __nanosleep(32);
+                    s_word = g;
+                }
                 if (prof) {
                     tr_clk[0] = clock64();
-                    tr_clk[TR_PH_CYCLES + 1] = global_ns();
+                    tr_clk[TR_PH_CYCLES + 1] = blk == 0 ? t_seen : global_ns();
                 }
             }
-            __syncthreads(); /* with tid 0's acquire: the loads below see what go published */
-            /* Each block loads the parameters into sreq and stages the queries into sq in one loop, so their loads
-             * are in flight together (from L2: block 0 wrote them before go). nq rides in the low byte of go, so the
-             * loop's bounds are known first. Only the batch's own query rows: a row past nq feeds only its own
-             * column of the mma, whose scores nothing reads, so it needs no zeros. Zero-filling the whole tile (8 or
-             * 16 rows) took each thread 4 trips round this loop at 768 dims: staging took 1.3 us even with its code
-             * and data warm, 1.7 cold; now 0.9 cold (H200, 4,096 x 768, one query). */
-            const unsigned nq = s_word & 0xFFu;
-            for (unsigned i = tid; i < NREQ + nq * qstride; i += blockDim.x) {
-                if (i < NREQ) {
-                    reinterpret_cast<uint4 *>(&sreq)[i] = __ldcg(reinterpret_cast<const uint4 *>(dreq) + i);
-                } else {
-                    const unsigned j = i - NREQ, r = j / qstride, c = j - r * qstride;
-                    sq[j] = c < nvec ? __ldcg(dq + r * nvec + c) : make_uint4(0, 0, 0, 0);
+            __syncthreads(); /* with tid 0's acquire: the loads below see what the word or go published */
+            {
+                /* Only the batch's own query rows: a row past nq feeds only its own column of the mma, whose scores
+                 * nothing reads, so it needs no zeros. Zero-filling the whole tile (8 or 16 rows) took each thread 4
+                 * trips round this loop at 768 dims: staging took 1.3 us even with its code and data warm, 1.7 cold;
+                 * now 0.9 cold (H200, 4,096 x 768, one query). */
+                const unsigned nq = s_word & 0xFFu;
+                const uint4 *rsrc = blk == 0 ? reinterpret_cast<const uint4 *>(&mb->req) : reinterpret_cast<const uint4 *>(dreq);
+                unsigned profile = 0;
+                for (unsigned i = tid; i < NREQ + nq * qstride; i += blockDim.x) {
+                    if (i < NREQ) {
+                        const uint4 v = blk == 0 ? __ldcv(rsrc + i) : __ldcg(rsrc + i);
+                        reinterpret_cast<uint4 *>(&sreq)[i] = v;
+                        if (blk == 0) reinterpret_cast<uint4 *>(dreq)[i] = v;
+                        if (i == 0) profile = v.z; /* PersistReq::profile */
+                    } else {
+                        const unsigned j = i - NREQ, r = j / qstride, c = j - r * qstride;
+                        uint4 v = make_uint4(0, 0, 0, 0);
+                        if (r < nq && c < nvec) {
+                            v = blk == 0 ? __ldcv(mq + r * nvec + c) : __ldcg(dq + r * nvec + c);
+                            if (blk == 0) dq[r * nvec + c] = v;
+                        }
+                        sq[j] = v;
+                    }
+                }
+                if (blk == 0) {
+                    /* Fences in this kernel follow cooperative groups' grid sync: the block's threads meet
+                     * at a barrier and one thread fences (here: the release of go) for all of them. A fence
+                     * in every thread first, then the release's own, was two fence latencies in a row. */
+                    __syncthreads();
+                    if (tid == 0) {
+                        if (profile) {
+                            mb->stamp[0] = t_seen;
+                            mb->stamp[1] = global_ns();
+                            if (prof) ctl->go_ns = mb->stamp[1];
+                        }
+                        st_release_gpu(&ctl->go, s_word);
+                    }
                 }
             }
         }
@@ -1421,6 +1495,7 @@ typedef struct cuda_backend {
     uint64_t split_max_rows;    /* ... and splits the dimensions among a block's warps up to this many (0: never) */
     uint64_t split_rpb;         /* rows per block of that kernel: scan blocks = rows / this, up to the grid */
     int persist_split;          /* the running persistent kernel is the split one */
+    int persist_tagged;         /* ... takes its batches as tagged messages (the builds with the one-trip merge) */
     int alternate;         /* walk every other batched pass backward (TR_CUDA_ALTERNATE=0 turns it off) */
     unsigned passes;       /* batched passes so far (the direction of the next) */
     /* batched search (f16 rows; TR_CUDA_MMA=0 turns it off) */
@@ -1632,7 +1707,7 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
     if (b->persist_ok) {
         size_t msg_chunks = persist_msg_chunks(TR_BQ_MAX, b->nvec);
         if (msg_chunks < TR_MSG_HEAD) msg_chunks = TR_MSG_HEAD; /* block 0 reads a whole head, message or not */
-        const size_t mb_bytes = sizeof(PersistMailbox) + msg_chunks * sizeof(uint4);
+        const size_t mb_bytes = sizeof(PersistMailbox) + ((size_t)TR_BQ_MAX * b->nvec + msg_chunks) * sizeof(uint4);
         b->pstream = (unsigned char *)calloc(sizeof(PersistReq) + ((size_t)TR_BQ_MAX * b->nvec + 1) * sizeof(uint4), 1);
         b->preq = reinterpret_cast<PersistReq *>(b->pstream);
         b->pq16 = reinterpret_cast<uint4 *>(b->pstream + sizeof(PersistReq));
@@ -2039,13 +2114,20 @@ static void set_batch_query(BatchParams &p, uint32_t j, const tr_search_request 
     p.any_filter |= (unsigned)p.bq[j].filter;
 }
 
-/* Writes the message (b->preq and nq rows of b->pq16, one stream in b->pstream) into the mailbox with the tag
+/* Hands the batch (b->preq and nq rows of b->pq16) to the running kernel. The builds with the one-trip merge take
+ * it as one message (the stream in b->pstream) in the mailbox's message area with the tag
  * seq << 8 | nq, one atomic 16-byte store per chunk: the kernel takes a chunk whose tag it sees as whole (a DMA
  * read sees an aligned 16 bytes of one cache line as the one store left them). Words past the message in its last
  * chunk are whatever the stream holds there; the kernel ignores them. */
 static void persist_post(cuda_backend *b, unsigned nq) {
+    if (!b->persist_tagged) { /* the build past TR_ONE_TRIP_MAX_ROWS: the batch, then the word */
+        memcpy(&b->pmb->req, b->preq, sizeof(PersistReq));
+        memcpy(b->pmb + 1, b->pq16, (size_t)nq * b->nvec * sizeof(uint4));
+        __atomic_store_n(&b->pmb->word, b->pseq << 8 | nq, __ATOMIC_RELEASE);
+        return;
+    }
     const unsigned tag = b->pseq << 8 | nq, chunks = persist_msg_chunks(nq, b->nvec);
-    uint4 *msg = reinterpret_cast<uint4 *>(b->pmb + 1);
+    uint4 *msg = persist_msg_area(b->pmb, b->nvec);
     for (unsigned c = 0; c < chunks; c++) store16_tagged(&msg[c], b->pstream + (size_t)c * 12u, tag);
 }
 
@@ -2059,6 +2141,7 @@ static int persist_start(cuda_backend *b, char *err, size_t errlen) {
      * any size (the split one for any rows per block, though it only ever gets 64 or fewer); the choice only
      * decides speed. */
     b->persist_split = b->rows <= b->split_max_rows;
+    b->persist_tagged = b->persist_split || b->rows <= b->one_trip_max_rows;
     const void *kernel = b->persist_split                   ? (const void *)persist_kernel<true, true>
                          : b->rows <= b->one_trip_max_rows ? (const void *)persist_kernel<true, false>
                                                            : (const void *)persist_kernel<false, false>;
