@@ -1109,7 +1109,9 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
  * message: 16-byte chunks of 12 bytes of the batch and the tag seq << 8 | nq, each written by one
  * atomic 16-byte store. Block 0 polls the message itself over PCIe (a batch is there when every chunk
  * it spans carries the tag), copies it into device memory and raises ctl->go to the tag; every other
- * block polls go in L2 and loads the batch from the device copy. Every block takes part in every batch (the
+ * block polls go in L2 and loads the batch from the device copy. (The build for tiers past
+ * TR_ONE_TRIP_MAX_ROWS takes the batch in mb->req and the query area, and then the word seq << 8 | nq,
+ * which block 0 polls before it reads the batch: see the kernel.) Every block takes part in every batch (the
  * first G scan their share of rows, the others only take a ticket), so a batch cannot finish while
  * any block still reads the previous one. The last block to take its ticket merges (up to
  * TR_BQ_FUSE_MAX queries, or when there are fewer scanning blocks than queries), or releases blocks
