@@ -529,6 +529,43 @@ template <bool ONE_TRIP>
 __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float *ms, long long *mid,
                             unsigned &mcnt, float &mthr, float *wmax, unsigned long long *stamp = nullptr);
 
+/* Entries lane and lane + 32 of s/id[0, n) (n <= 64) and their ranks among all n, by one warp (ranks are distinct
+ * when the ids are); place() writes those ranked below k to their place in out. */
+struct RankedPair {
+    bool h0, h1;
+    float s0, s1;
+    long long i0, i1;
+    unsigned r0, r1;
+    __device__ __forceinline__ void place(float *out_s, long long *out_id, unsigned k) const {
+        if (h0 && r0 < k) {
+            out_s[r0] = s0;
+            out_id[r0] = i0;
+        }
+        if (h1 && r1 < k) {
+            out_s[r1] = s1;
+            out_id[r1] = i1;
+        }
+    }
+};
+__device__ __forceinline__ RankedPair warp_rank_pair(const float *s, const long long *id, unsigned n) {
+    const unsigned lane = threadIdx.x & 31u;
+    RankedPair p;
+    p.h0 = lane < n;
+    p.h1 = lane + 32u < n;
+    p.s0 = p.h0 ? s[lane] : -INFINITY;
+    p.s1 = p.h1 ? s[lane + 32] : -INFINITY;
+    p.i0 = p.h0 ? id[lane] : LLONG_MAX;
+    p.i1 = p.h1 ? id[lane + 32] : LLONG_MAX;
+    p.r0 = p.r1 = 0;
+    for (unsigned j = 0; j < n; j++) {
+        const float sj = s[j];
+        const long long ij = id[j];
+        p.r0 += better(sj, ij, p.s0, p.i0) ? 1u : 0u;
+        p.r1 += better(sj, ij, p.s1, p.i1) ? 1u : 0u;
+    }
+    return p;
+}
+
 /* warp_select for a scan block's candidate list (n <= TR_BQ_CB, k <= TR_BQ_MAX_K), by one warp, without
  * k sequential rounds: the k-th largest of the lanes' maxima is a lower bound on the k-th best score (it
  * stands for k distinct entries), so only entries at or above it can be in the top k: they are compacted
@@ -574,25 +611,9 @@ __device__ unsigned warp_select_block(float *s, long long *id, unsigned n, unsig
         }
     }
     __syncwarp();
-    const bool h0 = lane < m, h1 = lane + 32u < m;
-    const float s0 = h0 ? s[lane] : -INFINITY, s1 = h1 ? s[lane + 32] : -INFINITY;
-    const long long i0 = h0 ? id[lane] : LLONG_MAX, i1 = h1 ? id[lane + 32] : LLONG_MAX;
-    unsigned r0 = 0, r1 = 0;
-    for (unsigned j = 0; j < m; j++) {
-        const float sj = s[j];
-        const long long ij = id[j];
-        r0 += better(sj, ij, s0, i0) ? 1u : 0u;
-        r1 += better(sj, ij, s1, i1) ? 1u : 0u;
-    }
+    const RankedPair r = warp_rank_pair(s, id, m);
     __syncwarp(); /* every rank is computed before the entries move */
-    if (h0 && r0 < k) {
-        s[r0] = s0;
-        id[r0] = i0;
-    }
-    if (h1 && r1 < k) {
-        s[r1] = s1;
-        id[r1] = i1;
-    }
+    r.place(s, id, k);
     __syncwarp();
     return m < k ? m : k;
 }
@@ -604,25 +625,7 @@ __device__ unsigned warp_select_block(float *s, long long *id, unsigned n, unsig
  * Returns min(n, k), what the list holds. */
 __device__ unsigned warp_rank_to_list(const float *s, const long long *id, unsigned n, unsigned k, float *out_s,
                                       long long *out_id) {
-    const unsigned lane = threadIdx.x & 31u;
-    const bool h0 = lane < n, h1 = lane + 32u < n;
-    const float s0 = h0 ? s[lane] : -INFINITY, s1 = h1 ? s[lane + 32] : -INFINITY;
-    const long long i0 = h0 ? id[lane] : LLONG_MAX, i1 = h1 ? id[lane + 32] : LLONG_MAX;
-    unsigned r0 = 0, r1 = 0;
-    for (unsigned j = 0; j < n; j++) {
-        const float sj = s[j];
-        const long long ij = id[j];
-        r0 += better(sj, ij, s0, i0) ? 1u : 0u;
-        r1 += better(sj, ij, s1, i1) ? 1u : 0u;
-    }
-    if (h0 && r0 < k) {
-        out_s[r0] = s0;
-        out_id[r0] = i0;
-    }
-    if (h1 && r1 < k) {
-        out_s[r1] = s1;
-        out_id[r1] = i1;
-    }
+    warp_rank_pair(s, id, n).place(out_s, out_id, k);
     return n < k ? n : k;
 }
 
