@@ -103,7 +103,7 @@ def fast_search_module():
         try:
             spec.loader.exec_module(module)
         except ImportError as exc:  # e.g. built against another numpy than the one installed now
-            warnings.warn(f"{path} could not be loaded ({exc}): searches go through ctypes, ~1.5 us slower each; "
+            warnings.warn(f"{path} could not be loaded ({exc}): searches go through ctypes, 1.5-3 us slower each; "
                           "reinstall the package to rebuild it", RuntimeWarning, stacklevel=2)
             return None
         if module.LAYOUT_VERSION != L.LAYOUT_VERSION:
