@@ -61,6 +61,7 @@ def run_cpu(args) -> dict:
     proc = start_sidecar(name, dim=args.dim, capacity=max(args.rows), dtype="f32", backend="cpu")
     try:
         hot = HotTier.attach(name, timeout_s=60)
+        results["search_path"] = hot.search_path
         queries = unit_rows(rng, args.queries, args.dim)
         empty = percentiles(time_calls(lambda q: hot.search(q, k=args.k), queries, args.warmup))
         ping = percentiles(time_calls(lambda q: hot.ping(), queries, args.warmup))
@@ -88,7 +89,8 @@ def run_cpu(args) -> dict:
 
 
 def print_cpu(results: dict) -> None:
-    print(f"hot-tier latency, backend cpu, {results['cores']} cores, dim {results['dim']}, k={results['k']}, f32")
+    print(f"hot-tier latency, backend cpu, {results['cores']} cores, dim {results['dim']}, k={results['k']}, f32; "
+          f"client search path: {results['search_path']}")
     e, p = results["empty_search"], results["ping"]
     print(f"empty-tier search round trip: p50 {e['p50_us']:.1f} us  p99 {e['p99_us']:.1f} us   "
           f"(ping p50 {p['p50_us']:.1f} us)")

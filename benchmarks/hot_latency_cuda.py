@@ -111,6 +111,7 @@ def run(args) -> dict:
         proc = start_sidecar(name, dim=dim, capacity=cap, dtype="f16", backend="cuda")
         try:
             hot = HotTier.attach(name, timeout_s=60)
+            results["search_path"] = hot.search_path
             xdev = torch.empty((cap, dim), dtype=torch.float16, device="cuda")
             queries = unit_chunk(rng, args.queries, dim)
             # the protocol's own cost: ping, and a search on the empty tier (no kernel launch)
@@ -197,7 +198,8 @@ def run(args) -> dict:
 
 def print_table(results: dict) -> None:
     print(f"\nhot-tier search, {results['gpu']}, f16, k={results['k']}, batch 1; "
-          f"copy bandwidth {results['copy_bandwidth_Bps'] / 1e12:.2f} TB/s")
+          f"copy bandwidth {results['copy_bandwidth_Bps'] / 1e12:.2f} TB/s; client search path: "
+          f"{results.get('search_path', '?')}")
     print(f"{'dim':>4} {'rows':>8} | {'sidecar p50':>11} {'p99':>8} | {'torch p50':>9} {'cupy p50':>9} | "
           f"{'floor':>7} | {'x torch':>7} {'x floor':>7} | {'target':>7} | agree")
     for s in results["sizes"]:

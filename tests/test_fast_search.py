@@ -58,7 +58,10 @@ def test_the_fast_path_is_built_where_python_has_headers_and_numpy(start):
     assert module is not None, "Python.h and numpy are here, so `pip install .` must have built _trfast"
     assert module.LAYOUT_VERSION == L.LAYOUT_VERSION
     _, hot = start(dim=8, capacity=16)
-    assert hot._fast is not None
+    assert hot._fast is not None and hot.search_path == "compiled"
+    hot._fast, fast = None, hot._fast
+    assert hot.search_path == "ctypes"
+    hot._fast = fast
 
 
 @pytest.fixture

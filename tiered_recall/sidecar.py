@@ -444,6 +444,12 @@ class HotTier:
     def owner_pid(self) -> int:
         return int(self._header.owner_pid)
 
+    @property
+    def search_path(self) -> str:
+        """How search() reaches the sidecar: "compiled" (the _trfast extension) or "ctypes" (a build without
+        Python headers; 1.5-3 us slower a search). Benchmarks print it beside their figures."""
+        return "compiled" if self._fast is not None else "ctypes"
+
     def alive(self) -> bool:
         """The sidecar says it serves and its process exists (a syscall and a /proc read)."""
         from ._proc import pid_alive
