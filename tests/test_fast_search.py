@@ -187,3 +187,19 @@ def test_fast_path_from_many_threads_at_once(loaded):
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_a_fast_path_from_another_version_is_not_used(monkeypatch):
+    from tiered_recall import _native
+
+    if _native.fast_search_module() is None:
+        pytest.skip("the fast path is not built here (no Python headers)")
+    monkeypatch.setattr(_native, "FAST_SEARCH_API", _native.FAST_SEARCH_API + 1)
+    _native.fast_search_module.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="another version of the package"):
+            assert _native.fast_search_module() is None
+    finally:
+        monkeypatch.undo()
+        _native.fast_search_module.cache_clear()
+    assert _native.fast_search_module() is not None

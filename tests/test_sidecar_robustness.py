@@ -171,3 +171,52 @@ def test_sigterm_unlinks_the_segment(segment_name):
     proc.popen.send_signal(signal.SIGTERM)
     assert proc.popen.wait(5) == 0
     assert not segment_path(segment_name).exists()
+
+
+@pytest.mark.parametrize("path", ["compiled", "ctypes"])
+def test_closing_a_client_while_its_threads_search_crashes_nothing(start, segment_name, path):
+    """close() from one thread while others are inside the segment: they finish, or get SidecarUnavailable; the
+    mapping is never pulled from under a call (that was a segmentation fault)."""
+    rng = np.random.default_rng(3)
+    n, dim = 60_000, 64
+    _, owner = start(dim=dim, capacity=n, dtype="f32")
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    owner.upsert(np.arange(n), x / np.linalg.norm(x, axis=1, keepdims=True), 1)
+    queries = rng.standard_normal((32, dim)).astype(np.float32)
+    for round_ in range(4):
+        hot = HotTier.attach(segment_name, timeout_s=10)
+        if path == "ctypes":
+            hot._fast = None
+        elif hot._fast is None:
+            pytest.skip("the fast path is not built here (no Python headers)")
+        outcomes = {"answered": 0, "closed": 0, "other": []}
+        started = threading.Barrier(5)
+
+        def searcher(seed: int) -> None:
+            started.wait()
+            for i in range(10_000):
+                try:
+                    result = hot.search(queries[(seed + i) % len(queries)], k=5, normalize=True)
+                    assert result.hits == 5
+                    outcomes["answered"] += 1
+                except SidecarUnavailable as exc:
+                    assert "closed" in str(exc)
+                    outcomes["closed"] += 1
+                    return
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    outcomes["other"].append(repr(exc))
+                    return
+
+        threads = [threading.Thread(target=searcher, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        started.wait()
+        time.sleep(0.02 * (round_ + 1))  # searches are in flight (each takes ~1 ms here)
+        hot.close()
+        for t in threads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in threads)
+        assert outcomes["other"] == []
+        assert outcomes["closed"] == 4, outcomes  # every thread got the clear error once it was closed
+        assert outcomes["answered"] > 0
+    assert owner.search(queries[0], k=5, normalize=True).hits == 5  # the sidecar and other clients are fine

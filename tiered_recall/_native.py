@@ -14,6 +14,7 @@ from . import _layout as L
 from .errors import SidecarUnavailable
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+FAST_SEARCH_API = 2  # what HotTier expects of _trfast.FastClient (its API constant): search and close
 
 
 def _candidate_dirs() -> list[Path]:
@@ -105,6 +106,11 @@ def fast_search_module():
         except ImportError as exc:  # e.g. built against another numpy than the one installed now
             warnings.warn(f"{path} could not be loaded ({exc}): searches go through ctypes, 1.5-3 us slower each; "
                           "reinstall the package to rebuild it", RuntimeWarning, stacklevel=2)
+            return None
+        if getattr(module, "API", 1) != FAST_SEARCH_API:
+            warnings.warn(f"{path} is from another version of the package (API {getattr(module, 'API', 1)}, this one "
+                          f"needs {FAST_SEARCH_API}): searches go through ctypes; reinstall the package to rebuild it",
+                          RuntimeWarning, stacklevel=2)
             return None
         if module.LAYOUT_VERSION != L.LAYOUT_VERSION:
             raise SidecarUnavailable(

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -48,6 +49,7 @@ _DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_F16: "f16"}
 _BACKEND_NAMES = {L.BACKEND_CPU: "cpu", L.BACKEND_CUDA: "cuda"}
 _INVALID_STATUSES = {L.E_BAD_K, L.E_BAD_COUNT, L.E_NOT_FINITE, L.E_ZERO_VECTOR, L.E_BAD_FLAGS, L.E_BAD_PAYLOAD}
 _MASK64 = (1 << 64) - 1
+_MAPPINGS_IN_USE: list[mmap.mmap] = []  # segments a closed HotTier could not unmap (HotTier.close)
 _F32 = np.dtype(np.float32)
 
 
@@ -119,6 +121,12 @@ class HotTier:
         self._lib = client_library()
         self._search_fn = self._lib.tr_client_search
         self._tls = threading.local()
+        # Calls through ctypes inside the segment now, one token each (the fast path counts its own): close() waits
+        # for them before it unmaps, so a thread closing the client cannot pull the mapping from under another's
+        # call. A call adds its token and then reads _closing; close() sets _closing and then reads the tokens
+        # (list append and pop are atomic), so one of the two sees the other. A lock cost ~1 us a call here.
+        self._inflight: list[None] = []
+        self._closing = False
         self._pid = os.getpid()
         path = segment_path(name)
         try:
@@ -210,17 +218,28 @@ class HotTier:
         call = self._search_call(qbuf, idbuf, scbuf, result, 1)
         return qbuf, idbuf, scbuf, {}, result, call, C.addressof(call)
 
+    def _enter(self) -> None:
+        self._inflight.append(None)
+        if self._closing or self._mm is None:
+            self._inflight.pop()
+            raise SidecarUnavailable("this HotTier is closed: attach again")
+
+    def _leave(self) -> None:
+        self._inflight.pop()
+
     def _call(self, opcode: int, *, flags: int = 0, k: int = 0, count: int = 0, ns_hash: int = 0,
               payload: np.ndarray | None = None, out: np.ndarray | None = None, out_offset: int = 0) -> L.CallResult:
-        if self._mm is None:
-            raise SidecarUnavailable("this HotTier is closed: attach again")
         result = L.CallResult()
-        rc = self._lib.tr_client_call(
-            self._base, self._pid, opcode, flags, k, count, ns_hash,
-            None if payload is None else payload.ctypes.data, 0 if payload is None else payload.nbytes,
-            None if out is None else out.ctypes.data, out_offset, 0 if out is None else out.nbytes,
-            self._timeout_ns, self._spin_ns, self._yield_ns, C.byref(result),
-        )
+        self._enter()
+        try:
+            rc = self._lib.tr_client_call(
+                self._base, self._pid, opcode, flags, k, count, ns_hash,
+                None if payload is None else payload.ctypes.data, 0 if payload is None else payload.nbytes,
+                None if out is None else out.ctypes.data, out_offset, 0 if out is None else out.nbytes,
+                self._timeout_ns, self._spin_ns, self._yield_ns, C.byref(result),
+            )
+        finally:
+            self._leave()
         if rc != L.CALL_OK:
             raise self._call_error(rc)
         if result.status != L.OK:
@@ -237,7 +256,8 @@ class HotTier:
         return SidecarError(f"sidecar error {status}: {text}")
 
     def _call_error(self, rc: int) -> Exception:
-        pid = self._header.owner_pid
+        header = getattr(self, "_header", None)  # gone when another thread closed this client meanwhile
+        pid = header.owner_pid if header is not None else "?"
         if rc == L.CALL_TIMEOUT:
             return SidecarUnavailable(f"sidecar {self.name!r} (pid {pid}) did not answer within {self.timeout_s:g} s")
         if rc in (L.CALL_DEAD, L.CALL_NOT_READY):
@@ -315,7 +335,11 @@ class HotTier:
         call.flags = flags
         call.k = k
         call.ns_hash = ns
-        rc = self._search_fn(call_address)
+        self._enter()
+        try:
+            rc = self._search_fn(call_address)
+        finally:
+            self._leave()
         if nq == 1:
             views = views_by_k.get(k)
             if views is None:
@@ -485,15 +509,33 @@ class HotTier:
         }
 
     def close(self) -> None:
-        if self._mm is None:
+        """Detaches. Calls that other threads have inside the segment finish first (each within its timeout); calls
+        made after this raise SidecarUnavailable."""
+        if getattr(self, "_mm", None) is None:
             return
-        if self._client_index >= 0:
+        if self._closing:
+            return
+        self._closing = True
+        wait_s = self.timeout_s + 1.0
+        fast, self._fast = self._fast, None
+        drained = fast.close(wait_s) if fast is not None else True
+        deadline = time.monotonic() + wait_s
+        while drained and self._inflight:
+            if time.monotonic() >= deadline:
+                drained = False
+                break
+            time.sleep(0.0005)
+        if drained and self._client_index >= 0:
             self._lib.tr_client_unregister(self._base, self._client_index, self._pid)
-        self._fast = None  # before the unmap: it holds the segment's address
         del self._header, self._anchor, self._ns_table
         self._base = 0
         mm, self._mm = self._mm, None
-        mm.close()
+        if drained:
+            mm.close()
+        else:  # a call outlived its own timeout: keep the mapping rather than crash it
+            _MAPPINGS_IN_USE.append(mm)
+            warnings.warn(f"HotTier {self.name!r} closed while a call was still inside its segment after "
+                          f"{wait_s:g} s: the mapping is kept", RuntimeWarning, stacklevel=2)
 
     def __enter__(self) -> "HotTier":
         return self

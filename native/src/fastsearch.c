@@ -16,6 +16,8 @@
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <time.h>
+
 #include "tiered_recall/client.h"
 
 int tr_client_search(const tr_search_call *c); /* client.c, compiled into this module */
@@ -28,7 +30,10 @@ typedef struct {
     uint64_t payload_bytes;
     int64_t timeout_ns, spin_ns, yield_ns;
     PyObject *result_type; /* sidecar.SearchResult */
-} FastClient; /* HotTier drops it before it unmaps the segment at base */
+    int inflight;          /* searches inside the segment now, and ... */
+    int closed;            /* ... set by close(): no search enters after it (seq_cst on both: either a search sees
+                            * closed, or close() sees it in flight and waits) */
+} FastClient; /* HotTier closes it, and waits, before it unmaps the segment at base */
 
 static int FastClient_init(PyObject *self_obj, PyObject *args, PyObject *kwargs) {
     FastClient *self = (FastClient *)self_obj;
@@ -125,6 +130,13 @@ static PyObject *FastClient_search(PyObject *self_obj, PyObject *const *args, Py
         Py_DECREF(ids);
         return NULL;
     }
+    __atomic_add_fetch(&self->inflight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&self->closed, __ATOMIC_SEQ_CST)) { /* closing: never touch the segment again */
+        __atomic_sub_fetch(&self->inflight, 1, __ATOMIC_SEQ_CST);
+        Py_DECREF(ids);
+        Py_DECREF(scores);
+        Py_RETURN_NONE;
+    }
     tr_call_result result;
     const tr_search_call call = {
         .base = self->base, .queries = (const float *)PyArray_DATA(q),
@@ -137,6 +149,7 @@ static PyObject *FastClient_search(PyObject *self_obj, PyObject *const *args, Py
     Py_BEGIN_ALLOW_THREADS
     rc = tr_client_search(&call);
     Py_END_ALLOW_THREADS
+    __atomic_sub_fetch(&self->inflight, 1, __ATOMIC_SEQ_CST);
     if (rc != TR_CALL_OK || result.status != TR_OK) {
         Py_DECREF(ids);
         Py_DECREF(scores);
@@ -149,10 +162,32 @@ static PyObject *FastClient_search(PyObject *self_obj, PyObject *const *args, Py
                                  (unsigned long long)result.service_ns);
 }
 
+/* close(timeout_s) -> bool: no search enters after this; waits (GIL released) until none is inside the segment,
+ * at most timeout_s. True when none is. */
+static PyObject *FastClient_close(PyObject *self_obj, PyObject *arg) {
+    FastClient *self = (FastClient *)self_obj;
+    const double timeout_s = PyFloat_AsDouble(arg);
+    if (timeout_s == -1.0 && PyErr_Occurred()) return NULL;
+    __atomic_store_n(&self->closed, 1, __ATOMIC_SEQ_CST);
+    int drained;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec nap = {0, 50 * 1000};
+    double waited = 0;
+    while (!(drained = __atomic_load_n(&self->inflight, __ATOMIC_SEQ_CST) == 0) && waited < timeout_s) {
+        nanosleep(&nap, NULL);
+        waited += 50e-6;
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(drained);
+}
+
 static PyMethodDef FastClient_methods[] = {
     {"search", (PyCFunction)(void (*)(void))FastClient_search, METH_FASTCALL,
      "search(queries, k, normalize, touch, namespace_hash): a SearchResult, (rc, status, message) when the call "
-     "failed, or None when the arguments need Python's checks"},
+     "failed, or None when the arguments need Python's checks (or the client is closed)"},
+    {"close", FastClient_close, METH_O,
+     "close(timeout_s): no search enters after it; waits until none is inside the segment (at most timeout_s); "
+     "True when none is"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -178,7 +213,9 @@ static int module_exec(PyObject *module) {
         Py_DECREF(type);
         return -1;
     }
-    return PyModule_AddIntConstant(module, "LAYOUT_VERSION", TR_LAYOUT_VERSION);
+    if (PyModule_AddIntConstant(module, "LAYOUT_VERSION", TR_LAYOUT_VERSION) != 0) return -1;
+    /* what FastClient offers; tiered_recall._native.FAST_SEARCH_API must match (a stale build is not used) */
+    return PyModule_AddIntConstant(module, "API", 2);
 }
 
 static PyModuleDef_Slot module_slots[] = {
