@@ -134,16 +134,20 @@ def test_passes_that_walk_the_rows_backward_answer_exactly_as_forward_ones(pair)
 
 @pytest.mark.parametrize("dim", [100, 768])
 def test_small_tiers_split_the_dimensions_among_warps_and_answer_exactly(pair, monkeypatch, dim):
-    """Tiers of up to 64 rows per scan block run the persistent kernel whose warps share out the dimensions
-    (groups of 16 rows x parts of the dimensions, summed through shared memory). The tier grows through the
-    sizes where a block holds 1, part of one group, several groups, or every group partly filled, up to the
-    last size that kernel takes and one past it; dim 100 leaves some parts no dimensions at all. Each size
+    """Tiers of up to the row cache's rows per scan block (at most 64; the log says how many) run the persistent
+    kernel that reads each block's rows from shared memory and whose warps share out the dimensions (groups of 16
+    rows x parts of the dimensions, summed through shared memory). The tier grows through the sizes where a block
+    holds 1, part of one group, several groups, or every group partly filled, up to the last size that kernel
+    takes and one past it; dim 100 leaves some parts no dimensions at all. Each size
     answers k = 1, 10 and 64, filtered and not, like the CPU reference; the log shows which kernel ran."""
     monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
     rng = np.random.default_rng([dim, 64])
     cuda, cpu = pair(dim=dim, capacity=40_000)
-    grid = int(re.search(r"persistent kernel on \((\d+) blocks\)", pair.log_of(cuda)).group(1))
-    sizes = [1, 17, 33, 530, 4096, grid * 33, grid * 64, grid * 64 + 1]
+    on = re.search(r"persistent kernel on \((\d+) blocks\); split scan up to (\d+) rows \(row cache of (\d+) rows",
+                   pair.log_of(cuda))
+    grid, split_max, cache_rows = (int(v) for v in on.groups())
+    assert split_max == grid * cache_rows and cache_rows >= 33, pair.log_of(cuda)
+    sizes = [1, 17, 33, 530, 4096, grid * 33, split_max, split_max + 1]
     assert sizes[-1] <= 40_000, f"a grid of {grid} blocks needs a larger tier here"
     done = 0
     for n in sizes:
@@ -165,6 +169,60 @@ def test_small_tiers_split_the_dimensions_among_warps_and_answer_exactly(pair, m
     kernels = {int(rows): kind for rows, kind in started}
     assert kernels.get(4096) == "split scan", log
     assert kernels.get(sizes[-1]) == "one-trip merge", log
+
+
+@pytest.mark.parametrize("dim", [384, 768])
+def test_the_split_scans_row_cache_never_answers_from_stale_rows(pair, monkeypatch, dim):
+    """The split scan keeps each block's run of rows in shared memory between searches. Every change must show in
+    the next answer: a delete of the last row (the kernel keeps running, only the row count shrinks), a delete that
+    moves a row, a replaced vector, a batch of more than 8 queries (its scan reuses the cache's shared memory), and
+    namespace filters after unfiltered searches (the hashes come from the cache too). Each search asks for a stored
+    row's own vector, so a stale cache shows as a wrong first hit, and every answer matches the CPU reference."""
+    monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
+    rng = np.random.default_rng([dim, 4096])
+    n, k = 4096, 10
+    cuda, cpu = pair(dim=dim, capacity=2 * n)
+    x = unit_rows(rng, n, dim)
+    ids = np.arange(n, dtype=np.int64) * 11 + 5
+    ns = NS[rng.integers(0, 3, size=n)]
+    for t in (cuda, cpu):
+        t.upsert(ids, x, ns)
+
+    def check(vector, top_id, want=None):
+        got = cuda.search(vector, k=k, namespace_hash=want, touch=False)
+        assert_same(got, cpu.search(vector, k=k, namespace_hash=want, touch=False), k, 2e-3)
+        if top_id is not None:
+            assert got.ids[0, 0] == top_id
+        return got
+
+    for i in (0, 1, 2, 4095, 2048, 0):  # the first search fills the cache, the others read it
+        check(x[i], ids[i])
+    assert int(ids[-1]) in set(check(x[-1], ids[-1]).ids[0].tolist())
+    for t in (cuda, cpu):
+        assert t.delete(ids[-1:]) == 1  # the last row: no move, no write, the kernel keeps running
+    assert int(ids[-1]) not in set(check(x[-1], None).ids[0].tolist())
+    check(x[4094], ids[4094])
+    for t in (cuda, cpu):
+        assert t.delete(ids[100:101]) == 1  # row 4094 moves into row 100
+    assert int(ids[100]) not in set(check(x[100], None).ids[0].tolist())
+    check(x[4094], ids[4094])
+    fresh = unit_rows(rng, 1, dim)
+    for t in (cuda, cpu):
+        t.upsert(ids[7:8], fresh, ns[7:8])  # the same id, a new vector
+    check(fresh[0], ids[7])
+    assert int(ids[7]) not in set(check(x[7], None).ids[0].tolist())
+    check(x[9], ids[9])
+    batch = cuda.search(x[10:22], k=k, touch=False)  # 12 queries: the two-tile scan
+    assert_same(batch, cpu.search(x[10:22], k=k, touch=False), k, 2e-3)
+    np.testing.assert_array_equal(batch.ids[:, 0], ids[10:22])
+    for i in (30, 31, 32, 3000):  # the cache filled again after the batch, then read
+        check(x[i], ids[i])
+        check(x[i], ids[i], want=int(ns[i]))
+        other = int(NS[(list(NS).index(ns[i]) + 1) % 3])
+        assert int(ids[i]) not in set(check(x[i], None, want=other).ids[0].tolist())
+    log = pair.log_of(cuda)
+    kinds = re.findall(r"persistent kernel started for \d+ rows \(([\w -]+)\)", log)
+    assert len(kinds) >= 3 and set(kinds) == {"split scan"}, log  # the writes restarted it; an idle stop may too
 
 
 def test_writes_moves_and_deletes(pair):

@@ -22,6 +22,7 @@
  * Compile report: nvcc -Xptxas=-v (CMakeLists.txt adds it); the kernels must show 0 spill bytes.
  */
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h> /* row_cache_fill */
 #include <cuda_runtime.h>
 #if defined(__x86_64__)
 #include <emmintrin.h> /* store16 */
@@ -421,11 +422,13 @@ __global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t d
  * 1M 402 -> 425), while its merge is 2.2 us shorter; as its own instantiation the other kernel compiles as before
  * (1M: 403.5 and 402.8 us without it, 402.7 and 401.9 with it). */
 #define TR_ONE_TRIP_MAX_ROWS 131072ull
-/* Tiers of up to grid x TR_SPLIT_MAX_RPB rows get a third instantiation, whose scan splits the dimensions among a
- * block's warps (batch_scan_block<1, true>; TR_CUDA_SPLIT_MAX_ROWS lowers the limit, 0 turns it off), with scan
+/* Tiers of up to grid x the row cache's rows (row_cache_layout: at most TR_SPLIT_MAX_RPB) get a third instantiation,
+ * whose scan reads each block's run from shared memory (RowCache) and splits the dimensions among a block's warps
+ * (batch_scan_block<1, true>; TR_CUDA_SPLIT_MAX_ROWS lowers the limit, 0 turns it off), with scan
  * blocks of TR_SPLIT_RPB rows (TR_CUDA_SPLIT_ROWS_PER_BLOCK, 1..64): more blocks read at once, more lists to merge.
  * H200, 4,096 x 768, first round / merge / host submit -> done seen, us: unsplit (32 blocks of 128 rows) 7.0 / 2.65
- * / 21.8-22.3; split, 16 rows 3.6 / 4.2 / 20.4-20.5; 32 rows 3.6 / 3.3 / 19.5-19.7; 64 rows 5.3 / 2.9 / 20.7-20.9. */
+ * / 21.8-22.3; split, 16 rows 3.6 / 4.2 / 20.4-20.5; 32 rows 3.6 / 3.3 / 19.5-19.7; 64 rows 5.3 / 2.9 / 20.7-20.9
+ * (before the row cache: the runs came from global memory). */
 #define TR_SPLIT_RPB 32ull
 #define TR_SPLIT_MAX_RPB 64u
 #define TR_BQ_FUSE_MAX 2 /* up to this many queries per pass: the scan's last block merges (one launch);
@@ -650,19 +653,56 @@ __device__ __forceinline__ void prof_clock(bool prof, int i) {
     if (prof && threadIdx.x == 0) tr_clk[i] = clock64();
 }
 
+/* The split scan's row cache (persist_kernel<true, true>): a block of the persistent kernel keeps its run of rows
+ * in shared memory from one batch to the next, so a small tier is scored from on-chip memory. The first batch with
+ * a given run (kernel start, or a new row count) copies it in (row_cache_fill) before its scan; the scans read it
+ * from there. It stays valid for the kernel's life because every write to the rows stops the kernel
+ * (cuda_write_rows, cuda_move_row): only the row count may change under it, and the run is part of the key
+ * (persist_kernel). Rows are stride uint4 apart, stride = 4 mod 8: the two rows a quarter-warp reads fall in
+ * disjoint banks. Filling it during the scan instead (each lane storing what it loaded), or keeping a path that reads
+ * the rows from global memory beside it, made the scan spill (so the split build takes only runs the cache holds).
+ * H200, 4,096 rows, first round of the scan: 768 dims 3.8 -> 2.7 us, 384 dims 3.4 -> 2.4 us. */
+struct RowCache {     /* places in the dynamic shared memory, in uint4 */
+    unsigned rows;    /* rows of the run x stride */
+    unsigned ids;     /* the run's ids, then its namespace hashes */
+    unsigned ns;
+    unsigned stride;
+};
+
+/* Copies rows [start, end) of the tier, their ids and namespace hashes into the row cache, every load in flight at
+ * once (cp.async); the caller's barrier makes them visible to the block. */
+__device__ void row_cache_fill(const BatchParams &p, const RowCache &rc, uint4 *bsm, unsigned long long start,
+                               unsigned long long end) {
+    const unsigned n = (unsigned)(end - start), tid = threadIdx.x;
+    const uint4 *src = p.X + start * p.nvec;
+    for (unsigned i = tid; i < n * p.nvec; i += blockDim.x) {
+        const unsigned r = i / p.nvec, c = i - r * p.nvec;
+        __pipeline_memcpy_async(bsm + rc.rows + r * rc.stride + c, src + i, sizeof(uint4));
+    }
+    long long *ids = reinterpret_cast<long long *>(bsm + rc.ids);
+    uint64_t *ns = reinterpret_cast<uint64_t *>(bsm + rc.ns);
+    for (unsigned i = tid; i < n; i += blockDim.x) {
+        __pipeline_memcpy_async(ids + i, p.ids + start + i, sizeof(long long));
+        __pipeline_memcpy_async(ns + i, p.ns + start + i, sizeof(uint64_t));
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+}
+
 /* One block's share of a batched scan (block blk of G): stages the queries (qsrc: kernel parameters,
  * or device memory read through L2 when q_l2; null: the caller has staged them at the start of bsm,
  * as the persistent kernel does with its parameters), scores its run of rows and leaves its sorted
  * top-k per query in the partial lists. bsm: the dynamic shared memory (batch_smem).
  *
- * SPLIT (one query tile; blocks of at most TR_SPLIT_MAX_RPB rows): the block's warps share out the dimensions
- * as well as the rows: 16 rows per group of warps, each warp of a group scores one part of the dimensions,
- * and the parts are summed through shared memory. A small tier is then read by every SM at once in one round
- * of few loads per warp. Without it a warp walks all dimensions of its 16 rows in 2 x TR_BQ_STAGE-chunk
- * waves, one memory trip each: a block of 16 rows took 4.7 us at 768 dims, whatever the tier. */
+ * SPLIT (one query tile; blocks of at most TR_SPLIT_MAX_RPB rows, read from the row cache rc, which the caller has
+ * filled): the block's warps share out the dimensions as well as the rows: 16 rows per group of warps, each warp
+ * of a group scores one part of the dimensions, and the parts are summed through shared memory. A small tier is
+ * then scored by every SM at once in one round. Without it a warp walks all dimensions of its 16 rows in
+ * 2 x TR_BQ_STAGE-chunk waves, one memory trip each: a block of 16 rows took 4.7 us at 768 dims, whatever the
+ * tier. */
 template <int NT, bool SPLIT = false>
 __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q_l2, unsigned blk, unsigned G,
-                                 uint4 *bsm, bool prof = false) {
+                                 uint4 *bsm, bool prof = false, RowCache rc = RowCache{}) {
     constexpr unsigned QR = NT * 8;
     uint4 *sq = bsm;                                                   /* QR x qstride */
     long long *cid = reinterpret_cast<long long *>(bsm + QR * p.qstride); /* QR x CB */
@@ -761,20 +801,50 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
                     }
                 }
             };
-            uint4 a1[TR_BQ_STAGE], b1[TR_BQ_STAGE];
-            if (!prefetched) load(SPLIT ? cb : 0u, a0, b0);
-            /* ids and namespaces load beside the rows, not after the scores (one memory trip fewer) */
-            const long long idg = vg ? (long long)p.ids[rg] : 0, idh = vh ? (long long)p.ids[rh] : 0;
+            long long idg, idh;
             uint64_t nsg = 0, nsh = 0;
-            if (p.any_filter) {
-                nsg = vg ? p.ns[rg] : 0;
-                nsh = vh ? p.ns[rh] : 0;
-            }
-            for (unsigned c0 = SPLIT ? cb : 0u; c0 < (SPLIT ? ce : p.nchunk); c0 += 2 * TR_BQ_STAGE) {
-                load(c0 + TR_BQ_STAGE, a1, b1);
-                multiply(c0, a0, b0);
-                load(c0 + 2 * TR_BQ_STAGE, a0, b0);
-                multiply(c0 + TR_BQ_STAGE, a1, b1);
+            if constexpr (SPLIT) {
+                /* the run from the row cache (the caller has filled it): one chunk at a time (shared memory answers
+                 * in tens of cycles), two accumulator chains. A run is one round (at most TR_SPLIT_MAX_RPB rows), so
+                 * rows g and g + 8 are at group * 16 + g and + 8 in it. */
+                const unsigned lg_row = group * 16u + g;
+                const uint4 *cg = bsm + rc.rows + lg_row * rc.stride, *ch = cg + 8u * rc.stride;
+                const long long *cids = reinterpret_cast<const long long *>(bsm + rc.ids);
+                const uint64_t *cns = reinterpret_cast<const uint64_t *>(bsm + rc.ns);
+                idg = vg ? cids[lg_row] : 0;
+                idh = vh ? cids[lg_row + 8u] : 0;
+                if (p.any_filter) {
+                    nsg = vg ? cns[lg_row] : 0;
+                    nsh = vh ? cns[lg_row + 8u] : 0;
+                }
+#pragma unroll 2
+                for (unsigned c = cb; c < ce; c++) {
+                    const unsigned cc = c * 4u + t;
+                    const bool ok = cc < p.nvec;
+                    const uint4 av = (ok && vg) ? cg[cc] : make_uint4(0, 0, 0, 0);
+                    const uint4 bv = (ok && vh) ? ch[cc] : make_uint4(0, 0, 0, 0);
+                    const uint4 qv = sq[g * p.qstride + cc];
+                    mma16816(acc[0], av.x, bv.x, av.y, bv.y, qv.x, qv.y);
+                    mma16816(acc2[0], av.z, bv.z, av.w, bv.w, qv.z, qv.w);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[0][e] += acc2[0][e];
+            } else {
+                uint4 a1[TR_BQ_STAGE], b1[TR_BQ_STAGE];
+                if (!prefetched) load(SPLIT ? cb : 0u, a0, b0);
+                /* ids and namespaces load beside the rows, not after the scores (one memory trip fewer) */
+                idg = vg ? (long long)p.ids[rg] : 0;
+                idh = vh ? (long long)p.ids[rh] : 0;
+                if (p.any_filter) {
+                    nsg = vg ? p.ns[rg] : 0;
+                    nsh = vh ? p.ns[rh] : 0;
+                }
+                for (unsigned c0 = SPLIT ? cb : 0u; c0 < (SPLIT ? ce : p.nchunk); c0 += 2 * TR_BQ_STAGE) {
+                    load(c0 + TR_BQ_STAGE, a1, b1);
+                    multiply(c0, a0, b0);
+                    load(c0 + 2 * TR_BQ_STAGE, a0, b0);
+                    multiply(c0 + TR_BQ_STAGE, a1, b1);
+                }
             }
             if constexpr (kPrefetch) {
                 const unsigned long long next = r + 1 < nrounds ? row0 + step : end;
@@ -1169,6 +1239,9 @@ struct PersistCtl {                    /* device memory, zeroed before each laun
     unsigned merge_go;                 /* seq whose per-query merges may start */
     unsigned merge_ticket;
     unsigned long long go_ns;          /* profile: %globaltimer when block 0 raised go */
+    /* the split build's row cache (RowCache), set by persist_start: where it starts in the dynamic shared memory
+     * (uint4), how many rows it holds (0: off) and their stride (uint4) */
+    unsigned cache_off, cache_rows, cache_stride;
 };
 
 __host__ __device__ inline unsigned persist_next_seq(unsigned s) {
@@ -1286,6 +1359,20 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
     const unsigned qstride = (nvec + 3) / 4 * 4 + 1; /* BatchParams::qstride */
     uint4 *sq = bsm;                                  /* the scan's staged queries (batch_scan_block) */
     unsigned long long t_seen = 0;
+    /* SPLIT: the row cache's layout, and the run it holds (the key: set by thread 0 between barriers, after every
+     * thread has read it for the batch). In shared memory, not registers: kept in registers across the loop, they
+     * made the scan spill. */
+    __shared__ unsigned long long ckey_start, ckey_end;
+    __shared__ const uint4 *ckey_x;
+    __shared__ unsigned cache_off, cache_rows, cache_stride;
+    if constexpr (SPLIT) {
+        if (tid == 0) {
+            cache_off = ctl->cache_off;
+            cache_rows = ctl->cache_rows;
+            cache_stride = ctl->cache_stride;
+            ckey_x = nullptr;
+        }
+    }
     for (;;) {
         seq = persist_next_seq(seq);
         if constexpr (ONE_TRIP) { /* the tagged message (persist_receive) */
@@ -1404,11 +1491,51 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
         const unsigned nq = sreq.nq, G = sreq.G;
         if (nq == 0) return; /* stop */
         const BatchParams &p = sreq.p;
+        /* SPLIT: this block's run of rows, which the split scan reads from the row cache: copied in first
+         * (row_cache_fill) unless the cache holds it from an earlier batch. The host starts this build only for
+         * runs the cache holds (row_cache_layout), and a running kernel's runs only shrink. Computed again after
+         * the scan: kept across it, they made the scan spill. */
+        auto run_start = [&]() { return (unsigned long long)blk * p.rows_per_block; };
+        auto run_end = [&]() {
+            const unsigned long long e = run_start() + p.rows_per_block;
+            return e < p.rows ? e : p.rows;
+        };
+        auto cached = [&]() { return SPLIT && nq <= 8 && blk < G && p.rows_per_block <= cache_rows; };
         if (blk < G) {
-            if (nq <= 8) batch_scan_block<1, SPLIT>(p, nullptr, true, blk, G, bsm, prof);
-            else batch_scan_block<2>(p, nullptr, true, blk, G, bsm, prof);
+            if (nq <= 8) {
+                if (cached()) {
+                    RowCache rc{};
+                    if constexpr (SPLIT) {
+                        const unsigned long long c_start = run_start(), c_end = run_end();
+                        rc.rows = cache_off;
+                        rc.stride = cache_stride;
+                        rc.ids = cache_off + cache_rows * cache_stride;
+                        rc.ns = rc.ids + (cache_rows + 1u) / 2u;
+                        if (!(ckey_x == p.X && ckey_start == c_start && ckey_end == c_end)) { /* block-uniform */
+                            row_cache_fill(p, rc, bsm, c_start, c_end);
+                            __syncthreads();
+                        }
+                    }
+                    batch_scan_block<1, SPLIT>(p, nullptr, true, blk, G, bsm, prof, rc);
+                } else { /* the builds without the split scan; the split one never asks for it (see above) */
+                    batch_scan_block<1>(p, nullptr, true, blk, G, bsm, prof);
+                }
+            } else {
+                batch_scan_block<2>(p, nullptr, true, blk, G, bsm, prof);
+            }
         }
         __syncthreads();
+        if constexpr (SPLIT) {
+            if (tid == 0) {
+                if (cached()) { /* filled before the scan just finished, or held already */
+                    ckey_x = p.X;
+                    ckey_start = run_start();
+                    ckey_end = run_end();
+                } else if (blk < G) {
+                    ckey_x = nullptr; /* the other scans' buffers overlap the cache */
+                }
+            }
+        }
         if (tid == 0) {
             prof_clock(prof, TR_PH_LISTS + 1);
             __threadfence(); /* this block's lists are visible device-wide before its ticket */
@@ -1531,6 +1658,8 @@ typedef struct cuda_backend {
     int persist_pending;   /* the batch in flight went to the persistent kernel */
     unsigned pgrid;        /* resident blocks */
     size_t psmem;
+    size_t psmem_split;    /* the split build's: psmem and its row cache (row_cache_layout) */
+    unsigned cache_off, cache_rows, cache_stride; /* PersistCtl's row cache fields for the split build */
     unsigned pseq;         /* last seq sent (24 bits, never 0) */
     uint32_t ppolls;
     unsigned long long pbatches; /* answered by the running kernel (TR_CUDA_VERBOSE=1 logs it at each stop) */
@@ -1553,6 +1682,7 @@ typedef struct cuda_backend {
 
 static void cuda_destroy(void *self);
 static size_t batch_smem(const cuda_backend *b, int nt);
+static cudaError_t row_cache_layout(cuda_backend *b, int per_sm);
 static int persist_stop(cuda_backend *b, const char *why, char *err, size_t errlen);
 
 static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen) {
@@ -1704,10 +1834,12 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         if (grid > b->grid_max) grid = b->grid_max;
         b->pgrid = (unsigned)grid;
         b->persist_ok = coop && grid > 0 && !(pe && pe[0] == '0');
+        CREATE_TRY(row_cache_layout(b, per_sm));
         const char *smr = getenv("TR_CUDA_SPLIT_MAX_ROWS");
-        b->split_max_rows = smr && smr[0] ? strtoull(smr, NULL, 10) : (uint64_t)grid * TR_SPLIT_MAX_RPB;
-        if (b->split_max_rows > (uint64_t)grid * TR_SPLIT_MAX_RPB)
-            b->split_max_rows = (uint64_t)grid * TR_SPLIT_MAX_RPB;
+        /* the split scan reads its runs from the row cache: runs of at most cache_rows, and at least split_rpb */
+        const uint64_t split_cap = b->cache_rows >= b->split_rpb ? (uint64_t)grid * b->cache_rows : 0;
+        b->split_max_rows = smr && smr[0] ? strtoull(smr, NULL, 10) : split_cap;
+        if (b->split_max_rows > split_cap) b->split_max_rows = split_cap;
     }
     if (b->persist_ok) {
         size_t msg_chunks = persist_msg_chunks(TR_BQ_MAX, b->nvec);
@@ -1739,7 +1871,10 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
             CREATE_TRY(cudaMemset(b->pphase, 0, bytes));
         }
         if (b->verbose) {
-            if (b->persist_ok) fprintf(stderr, "tr-sidecar: cuda: persistent kernel on (%u blocks)\n", b->pgrid);
+            if (b->persist_ok)
+                fprintf(stderr, "tr-sidecar: cuda: persistent kernel on (%u blocks); split scan up to %llu rows (row "
+                        "cache of %u rows per block, %zu bytes of shared memory per block)\n", b->pgrid,
+                        (unsigned long long)b->split_max_rows, b->cache_rows, b->psmem_split);
             else fprintf(stderr, "tr-sidecar: cuda: persistent kernel off (launch per request)\n");
         }
     }
@@ -2039,6 +2174,40 @@ static size_t batch_smem(const cuda_backend *b, int nt) {
     return scan > merge ? scan : merge;
 }
 
+/* The split build's row cache (RowCache): it starts past what a one-tile scan (queries, lists, the parts' sums) and
+ * the fused merge use, and holds as many rows (up to TR_SPLIT_MAX_RPB) as keep per_sm blocks of the build resident
+ * on an SM (the grid every build shares). The split build then serves tiers of up to that many rows per block. */
+static cudaError_t row_cache_layout(cuda_backend *b, int per_sm) {
+    const size_t nchunk = (b->nvec + 3) / 4, qstride = nchunk * 4 + 1;
+    const size_t one_tile = 8 * qstride * 16 + (size_t)8 * TR_BQ_CB * (sizeof(long long) + sizeof(float)) +
+                            (size_t)TR_CUDA_BLOCK * sizeof(float4);
+    const size_t merge = (size_t)TR_BQ_MCB * (sizeof(long long) + sizeof(float));
+    const size_t off = ((one_tile > merge ? one_tile : merge) + 15) / 16;
+    const unsigned stride = b->nvec + (12u - b->nvec % 8u) % 8u; /* = 4 mod 8 */
+    const void *kernel = (const void *)persist_kernel<true, true>;
+    b->psmem_split = b->psmem;
+    b->cache_off = (unsigned)off;
+    b->cache_stride = stride;
+    b->cache_rows = 0;
+    for (unsigned rows = TR_SPLIT_MAX_RPB; rows > 0; rows--) {
+        /* the rows, then their ids and namespace hashes (8 bytes each, from a 16-byte boundary) */
+        size_t smem = (off + (size_t)rows * stride + 2 * ((rows + 1) / 2)) * 16;
+        if (smem < b->psmem) smem = b->psmem;
+        if (smem > b->smem_optin) continue;
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        int fit = 0;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, TR_CUDA_BLOCK, smem);
+        if (e != cudaSuccess) return e;
+        if (fit >= per_sm) {
+            b->cache_rows = rows;
+            b->psmem_split = smem;
+            return cudaSuccess;
+        }
+    }
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b->psmem);
+}
+
 static int ensure_batch_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen) {
     if (nq <= b->bq_cap) return 0;
     CUDA_TRY(cudaStreamSynchronize(b->stream));
@@ -2138,7 +2307,6 @@ static void persist_post(cuda_backend *b, unsigned nq) {
 
 /* Launches the persistent kernel (asynchronously: it picks up the mailbox once it runs). */
 static int persist_start(cuda_backend *b, char *err, size_t errlen) {
-    CUDA_TRY(cudaMemsetAsync(b->pctl, 0, sizeof(PersistCtl), b->stream));
     unsigned seq = b->pseq, nvec = b->nvec;
     void *args[] = {&b->pmb_dev, &b->pdreq, &b->pdq, &b->pctl, &seq, &nvec, &b->pphase};
     /* chosen by the row count now: writes stop it, but a delete that moves no row only shrinks b->rows while it
@@ -2150,7 +2318,17 @@ static int persist_start(cuda_backend *b, char *err, size_t errlen) {
     const void *kernel = b->persist_split                   ? (const void *)persist_kernel<true, true>
                          : b->rows <= b->one_trip_max_rows ? (const void *)persist_kernel<true, false>
                                                            : (const void *)persist_kernel<false, false>;
-    cudaError_t e = cudaLaunchCooperativeKernel(kernel, dim3(b->pgrid), dim3(TR_CUDA_BLOCK), args, b->psmem, b->stream);
+    PersistCtl ctl;
+    memset(&ctl, 0, sizeof ctl);
+    if (b->persist_split) {
+        ctl.cache_off = b->cache_off;
+        ctl.cache_rows = b->cache_rows;
+        ctl.cache_stride = b->cache_stride;
+    }
+    /* pageable source: the copy has taken ctl before it returns */
+    CUDA_TRY(cudaMemcpyAsync(b->pctl, &ctl, sizeof ctl, cudaMemcpyHostToDevice, b->stream));
+    cudaError_t e = cudaLaunchCooperativeKernel(kernel, dim3(b->pgrid), dim3(TR_CUDA_BLOCK), args,
+                                                b->persist_split ? b->psmem_split : b->psmem, b->stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         fprintf(stderr, "tr-sidecar: cuda: the persistent kernel cannot start (%s): launching per request from now on\n",
