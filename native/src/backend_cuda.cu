@@ -569,6 +569,29 @@ __device__ __forceinline__ RankedPair warp_rank_pair(const float *s, const long 
     return p;
 }
 
+/* Ranks entries [0, n) of s/id (shared memory, n <= TR_CUDA_BLOCK, ids distinct) with the whole block and writes
+ * those ranked below k to their place in out: each entry gets TR_CUDA_BLOCK / n threads (up to 8; a power of two,
+ * so a group sits inside a warp), each counts the entries of its share that rank above it, and the group adds the
+ * counts by shuffles. A scan block's list at 4,096 x 768 on an H200 (n = 32): 1.3 us by one warp (each lane's loop
+ * of n dependent steps), 1.7 by shuffles in one warp, 0.8 by the block. Every thread of the block must call it. */
+__device__ void block_rank_place(const float *s, const long long *id, unsigned n, unsigned k, float *out_s,
+                                 long long *out_id) {
+    const unsigned tid = threadIdx.x;
+    const unsigned tpe = n <= TR_CUDA_BLOCK / 8 ? 8u : n <= TR_CUDA_BLOCK / 4 ? 4u : n <= TR_CUDA_BLOCK / 2 ? 2u : 1u;
+    const unsigned e = tid / tpe, sub = tid - e * tpe;
+    const bool have = e < n;
+    const float se = have ? s[e] : 0.f;
+    const long long ide = have ? id[e] : 0;
+    unsigned rank = 0;
+    if (have)
+        for (unsigned j = sub; j < n; j += tpe) rank += better(s[j], id[j], se, ide) ? 1u : 0u;
+    for (unsigned o = tpe >> 1; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+    if (have && sub == 0 && rank < k) {
+        out_s[rank] = se;
+        out_id[rank] = ide;
+    }
+}
+
 /* warp_select for a scan block's candidate list (n <= TR_BQ_CB, k <= TR_BQ_MAX_K), by one warp, without
  * k sequential rounds: the k-th largest of the lanes' maxima is a lower bound on the k-th best score (it
  * stands for k distinct entries), so only entries at or above it can be in the top k: they are compacted
@@ -912,6 +935,15 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
         if (r == 0) prof_clock(prof, TR_PH_ROUND1 + 1);
     }
     prof_clock(prof, TR_PH_ROUNDS + 1);
+    if constexpr (SPLIT) {
+        if (p.nq == 1) { /* block-uniform: the latency path, ranked by the whole block (always n <= 64 here) */
+            const size_t o = (size_t)blk * TR_BQ_MAX_K;
+            const unsigned n = cnt[0], k = p.bq[0].k;
+            block_rank_place(cs, cid, n, k, p.part_s + o, p.part_id + o);
+            if (tid == 0) p.part_n[blk] = n < k ? n : k;
+            return;
+        }
+    }
     for (unsigned qi = warp; qi < p.nq; qi += TR_CUDA_WARPS) {
         if constexpr (SPLIT) {
             if (cnt[qi] <= TR_SELECT_RANK) { /* warp-uniform; always, for the rows per block the host asks */
@@ -1131,7 +1163,16 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
         stamp[1] = global_ns();
         stamp[2] = n;
     }
-    if (n <= blockDim.x) {
+    if (ONE_TRIP && n <= TR_CUDA_BLOCK) {
+        /* few candidates (the usual case): the whole block ranks them (block_rank_place) */
+        const unsigned m = n < k ? n : k;
+        block_rank_place(ms, mid, n, k, os, oi);
+        for (unsigned j = m + tid; j < k; j += blockDim.x) {
+            oi[j] = -1;
+            os[j] = -INFINITY;
+        }
+        if (tid == 0) p.out_hits[qi] = m;
+    } else if (n <= blockDim.x) {
         /* few candidates: each thread ranks one against all (ranks are distinct: ids are unique) and
          * writes it to its place, instead of k sequential rounds of one warp */
         const unsigned m = n < k ? n : k;
