@@ -803,8 +803,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
 #pragma unroll
                 for (int u = 0; u < TR_BQ_STAGE; u++) {
                     const unsigned cc = (c0 + u) * 4u + t;
-                    /* also false past the last chunk (or this part's): no load */
-                    const bool ok = cc < p.nvec && (!SPLIT || c0 + u < ce);
+                    const bool ok = cc < p.nvec; /* also false past the last chunk: no load */
                     a[u] = (ok && lg) ? __ldg(fg + cc) : make_uint4(0, 0, 0, 0);
                     b[u] = (ok && lh) ? __ldg(fh + cc) : make_uint4(0, 0, 0, 0);
                 }
@@ -815,7 +814,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
             auto multiply = [&](unsigned c0, const uint4 (&a)[TR_BQ_STAGE], const uint4 (&b)[TR_BQ_STAGE]) {
 #pragma unroll
                 for (int u = 0; u < TR_BQ_STAGE; u++) {
-                    if (c0 + u < (SPLIT ? ce : p.nchunk)) {
+                    if (c0 + u < p.nchunk) {
                         const unsigned cc = (c0 + u) * 4u + t;
 #pragma unroll
                         for (int n = 0; n < NT; n++) {
@@ -856,7 +855,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
                 for (int e = 0; e < 4; e++) acc[0][e] += acc2[0][e];
             } else {
                 uint4 a1[TR_BQ_STAGE], b1[TR_BQ_STAGE];
-                if (!prefetched) load(SPLIT ? cb : 0u, a0, b0);
+                if (!prefetched) load(0u, a0, b0);
                 /* ids and namespaces load beside the rows, not after the scores (one memory trip fewer) */
                 idg = vg ? (long long)p.ids[rg] : 0;
                 idh = vh ? (long long)p.ids[rh] : 0;
@@ -864,7 +863,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
                     nsg = vg ? p.ns[rg] : 0;
                     nsh = vh ? p.ns[rh] : 0;
                 }
-                for (unsigned c0 = SPLIT ? cb : 0u; c0 < (SPLIT ? ce : p.nchunk); c0 += 2 * TR_BQ_STAGE) {
+                for (unsigned c0 = 0; c0 < p.nchunk; c0 += 2 * TR_BQ_STAGE) {
                     load(c0 + TR_BQ_STAGE, a1, b1);
                     multiply(c0, a0, b0);
                     load(c0 + 2 * TR_BQ_STAGE, a0, b0);
@@ -2225,11 +2224,8 @@ static size_t batch_smem(const cuda_backend *b, int nt) {
  * the fused merge use, and holds as many rows (up to TR_SPLIT_MAX_RPB) as keep per_sm blocks of the build resident
  * on an SM (the grid every build shares). The split build then serves tiers of up to that many rows per block. */
 static cudaError_t row_cache_layout(cuda_backend *b, int per_sm) {
-    const size_t nchunk = (b->nvec + 3) / 4, qstride = nchunk * 4 + 1;
-    const size_t one_tile = 8 * qstride * 16 + (size_t)8 * TR_BQ_CB * (sizeof(long long) + sizeof(float)) +
-                            (size_t)TR_CUDA_BLOCK * sizeof(float4);
-    const size_t merge = (size_t)TR_BQ_MCB * (sizeof(long long) + sizeof(float));
-    const size_t off = ((one_tile > merge ? one_tile : merge) + 15) / 16;
+    /* batch_smem(b, 1) covers the one-tile scan and the merge; the parts' sums follow the scan's lists */
+    const size_t off = (batch_smem(b, 1) + (size_t)TR_CUDA_BLOCK * sizeof(float4) + 15) / 16;
     const unsigned stride = b->nvec + (12u - b->nvec % 8u) % 8u; /* = 4 mod 8 */
     const void *kernel = (const void *)persist_kernel<true, true>;
     b->psmem_split = b->psmem;
