@@ -28,7 +28,10 @@ pages (mapped code: LanceDB's first flush maps ~16 MB more of its library, which
 Each worker also closes its store once before "before" and once after its run (after every other figure), and is
 measured with the store closed (after gc, --settle-s idle seconds and malloc_trim: what outlives the store in the
 process), then reopens it and does the warm-up again before "before", and at the end, where it is measured once
-more ("reopened": the same point of the life cycle as "before", with the run behind it).
+more ("reopened": the same point of the life cycle as "before", with the run behind it). --reopen-warmup sets the
+operations after each reopen (and the fresh process's warm-up) apart from --warmup, for a plateau run:
+
+    python benchmarks/soak.py --processes 8 --ops 1000000 --warmup 125000 --reopen-warmup 10000
 Finally, after every process has closed the store: is the sidecar gone, is /dev/shm as it was at the start, and
 GPU memory (or "no GPU").
 
@@ -347,8 +350,8 @@ class _Mix:
         self.lock_n = {k: 0 for k in KINDS}
 
 
-def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str, warm_barrier, done_barrier,
-            close_barrier, queue, profile_dir: str | None, done_ops) -> None:
+def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, reopen_warmup: int, chat: str, warm_barrier,
+            done_barrier, close_barrier, queue, profile_dir: str | None, done_ops) -> None:
     t_spawned = time.monotonic()
     me = os.getpid()
     # memray slows the process it records several times: one worker is enough to attribute, and the rest keep pace
@@ -362,7 +365,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     # The same cycle as at the end (close, then reopen and warm up), so "closed" and "reopened" there have a
     # "before" taken the same way: what the process holds with its store closed, and with it freshly reopened.
     del memory  # mix.memory is now the one reference, which _close_and_reopen drops before measuring
-    closed_before = _close_and_reopen(mix, store, me, warmup)
+    closed_before = _close_and_reopen(mix, store, me, reopen_warmup)
     memory = mix.memory
     warm_counts = dict(mix.counts)
     mix.reset_counters()
@@ -413,7 +416,7 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, chat: str,
     # Last, as it changes the store's state: close it (what outlives the store in the process), then reopen it
     # and do the warm-up again, the very cycle "before" was taken after (what a long run leaves behind).
     del memory
-    after["closed"] = _close_and_reopen(mix, store, me, warmup)
+    after["closed"] = _close_and_reopen(mix, store, me, reopen_warmup)
     memory = mix.memory
     after["reopened"] = {**_trimmed_figures(me), "fds": fds(me), "threads": threads(me)}
     if native_tracker is not None:  # reading the recording takes far more memory than any figure above
@@ -620,7 +623,9 @@ def _diff_kinds(a: dict, b: dict) -> dict:
     return {k: b.get(k, 0) - a.get(k, 0) for k in sorted(keys) if b.get(k, 0) != a.get(k, 0)}
 
 
-def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, progress: bool = True) -> dict:
+def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, progress: bool = True,
+        reopen_warmup: int | None = None) -> dict:
+    reopen_warmup = warmup if reopen_warmup is None else reopen_warmup
     from tiered_recall.sidecar import segment_path
 
     with tempfile.TemporaryDirectory(prefix="tr-soak-") as tmp:
@@ -644,8 +649,8 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
         done_ops = ctx.Array("q", processes, lock=False)
         per = max(1, ops // processes)
         t_start = time.monotonic()
-        procs = [ctx.Process(target=_worker, args=(str(store), tmp, w, per, warmup, str(chat), warm_b, done_b, close_b,
-                                                    queue, profile_dir, done_ops)) for w in range(processes)]
+        procs = [ctx.Process(target=_worker, args=(str(store), tmp, w, per, warmup, reopen_warmup, str(chat), warm_b,
+                                                    done_b, close_b, queue, profile_dir, done_ops)) for w in range(processes)]
         for p in procs:
             p.start()
         warm_b.wait(timeout=3600)
@@ -687,7 +692,7 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
         parent_workers_gone = _snap(me, tmp)
         sidecar_workers_gone = _snap(sidecar, tmp)
         ref_queue = ctx.Queue()
-        ref = ctx.Process(target=_reference, args=(str(store), tmp, processes, warmup, str(chat), ref_queue))
+        ref = ctx.Process(target=_reference, args=(str(store), tmp, processes, reopen_warmup, str(chat), ref_queue))
         ref.start()
         try:
             fresh = ref_queue.get(timeout=600)
@@ -715,7 +720,8 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
     lock_held = sum(v[2] for v in lock_by_kind.values())
     slim = lambda s: {k: v for k, v in s.items() if k != "fd_kinds"}  # noqa: E731
     return {
-        "processes": processes, "device": DEVICE, "lance_cache_mib": LANCE_CACHE_MIB, "ops": n_ops, **totals, "warmup_ops_per_worker": warmup,
+        "processes": processes, "device": DEVICE, "lance_cache_mib": LANCE_CACHE_MIB, "ops": n_ops, **totals,
+        "warmup_ops_per_worker": warmup, "reopen_warmup_ops": reopen_warmup,
         "seconds": round(elapsed, 1), "ops_per_s": round(n_ops / elapsed, 1) if elapsed else None,
         "worker_start_s": round(t_warm - t_start, 1), "worker_open_s": [r["open_s"] for r in results],
         "op_seconds_total": seconds,
@@ -776,6 +782,10 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=8)
     ap.add_argument("--ops", type=int, default=1_000_000, help="total measured operations over all processes")
     ap.add_argument("--warmup", type=int, default=300, help="operations per worker before 'before' is taken")
+    ap.add_argument("--reopen-warmup", type=int, default=None, metavar="OPS",
+                    help="operations per worker after each close and reopen, and of the fresh process on the final "
+                         "store (default: --warmup). A plateau run takes a long --warmup and a short --reopen-warmup: "
+                         "both reopens use the same count, so 'closed' and 'reopened' before and after stay comparable")
     ap.add_argument("--profile", metavar="DIR", help="write a cProfile of each worker's measured phase here")
     ap.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
                     help="the sidecar's backend (cuda on a GPU machine measures GPU memory before and after)")
@@ -822,7 +832,7 @@ def main() -> None:
     if args.native_heap:
         os.makedirs(args.native_heap, exist_ok=True)
         os.environ["TR_SOAK_NATIVE_HEAP"] = args.native_heap
-    r = run(args.processes, args.ops, args.warmup, args.profile)
+    r = run(args.processes, args.ops, args.warmup, args.profile, reopen_warmup=args.reopen_warmup)
     r["allocator_env"] = {name: os.environ.get(name) for name in BOUNDED_ALLOCATORS}
     r["mix"], r["prefill_rows_per_worker"] = MIX, PREFILL
     print(f"[soak] mix {MIX} (add, delete shares {MIX_WRITES[MIX]}), {PREFILL} rows prefilled per worker, "
