@@ -169,6 +169,15 @@ def test_full_tier_evicts_least_recently_used(start):
         hot.upsert(np.arange(100, 105), unit_rows(rng, 5, 8), 1)
 
 
+def test_a_search_of_several_queries_touches_each_querys_hits(start):
+    rng = np.random.default_rng(5)
+    _, hot = start(dim=8, capacity=4)
+    x = unit_rows(rng, 6, 8)
+    hot.upsert([0, 1, 2, 3], x[:4], 1)
+    assert hot.search(np.stack([x[0], x[2]]), k=1).ids[:, 0].tolist() == [0, 2]  # touches ids 0 and 2
+    assert sorted(hot.upsert([4, 5], x[4:6], 1)) == [1, 3]
+
+
 def test_normalise_on_request(start):
     _, hot = start(dim=3, capacity=10)
     hot.upsert([1, 2], np.array([[3, 0, 0], [0, 0, 5]], dtype=np.float32), 1, normalize=True)

@@ -38,6 +38,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "platform.h" /* tr_cache_demote */
 #include "tiered_recall/layout.h"
 
 #define TR_CUDA_BLOCK 256                 /* threads per scan block: 8 warps */
@@ -2346,6 +2347,7 @@ static void persist_post(cuda_backend *b, unsigned nq) {
     const unsigned tag = b->pseq << 8 | nq, chunks = persist_msg_chunks(nq, b->nvec);
     uint4 *msg = persist_msg_area(b->pmb, b->nvec);
     for (unsigned c = 0; c < chunks; c++) store16_tagged(&msg[c], b->pstream + (size_t)c * 12u, tag);
+    for (unsigned c = 0; c < chunks; c += 4) tr_cache_demote(&msg[c]); /* the device reads them next */
 }
 
 /* Launches the persistent kernel (asynchronously: it picks up the mailbox once it runs). */

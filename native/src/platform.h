@@ -33,6 +33,31 @@ static inline void tr_cpu_relax(void) {
 #endif
 }
 
+/* Asks for the cache line at p with intent to write (x86 PREFETCHW, a no-op on CPUs without it: without
+ * -mprfchw, __builtin_prefetch(p, 1, ...) emits a read prefetch, which leaves the store's ownership request to do). */
+static inline void tr_prefetch_for_write(const void *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ __volatile__("prefetchw %0" ::"m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 1, 3);
+#endif
+}
+
+/* Hints the core to move the line at p out of its own caches into the shared last-level cache, where the next
+ * reader on another core (or a device's DMA read) finds it sooner. x86 CLDEMOTE, spelled as bytes (0F 1C /0 with
+ * [rdi]) so an assembler that predates it still builds it; it sits in the hint-NOP space, so a CPU without it
+ * does nothing. TR_CLDEMOTE=0 leaves it out. */
+#ifndef TR_CLDEMOTE
+#define TR_CLDEMOTE 1
+#endif
+static inline void tr_cache_demote(const void *p) {
+#if TR_CLDEMOTE && defined(__x86_64__)
+    __asm__ __volatile__(".byte 0x0f, 0x1c, 0x07" ::"D"(p) : "memory");
+#else
+    (void)p;
+#endif
+}
+
 #define tr_load_acquire(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define tr_load_relaxed(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define tr_store_release(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)

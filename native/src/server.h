@@ -26,6 +26,7 @@ typedef struct tr_server {
     tr_server_options opt;
     float *query_scratch;   /* normalised copies of queries / vectors */
     int64_t *id_scratch;    /* search results before they are written to the slot */
+    uint32_t touch_queries, touch_k, touch_hits; /* a served search's LRU touches, done after its answer is out */
     float *score_scratch;
     int64_t *meta_scratch;  /* UPSERT ids, namespaces, created_at copied out of the slot */
     uint32_t *suspect_seq;  /* per slot: seq seen with a dead owner at the last sweep */
