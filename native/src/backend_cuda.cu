@@ -1228,10 +1228,10 @@ batch_merge_kernel(const __grid_constant__ BatchParams p, unsigned G) {
  * of up to TR_BQ_MAX f16 queries and their parameters into a pinned, mapped mailbox as one tagged
  * message: 16-byte chunks of 12 bytes of the batch and the tag seq << 8 | nq, each written by one
  * atomic 16-byte store. Block 0 polls the message itself over PCIe (a batch is there when every chunk
- * it spans carries the tag), copies it into device memory and raises ctl->go to the tag; every other
- * block polls go in L2 and loads the batch from the device copy. (The build for tiers past
- * TR_ONE_TRIP_MAX_ROWS takes the batch in mb->req and the query area, and then the word seq << 8 | nq,
- * which block 0 polls before it reads the batch: see the kernel.) Every block takes part in every batch (the
+ * it spans carries the tag) and relays the chunks as they came into device memory (dq); every other
+ * block reads the relay in L2 the same way. (The build for tiers past TR_ONE_TRIP_MAX_ROWS takes the
+ * batch in mb->req and the query area, and then the word seq << 8 | nq, which block 0 polls before it
+ * reads the batch and copies it into dreq/dq, raising ctl->go for the others: see the kernel.) Every block takes part in every batch (the
  * first G scan their share of rows, the others only take a ticket), so a batch cannot finish while
  * any block still reads the previous one. The last block to take its ticket merges (up to
  * TR_BQ_FUSE_MAX queries, or when there are fewer scanning blocks than queries), or releases blocks
@@ -1255,6 +1255,9 @@ struct alignas(16) PersistReq {
 #define TR_MSG_HEAD TR_CUDA_BLOCK /* chunks block 0 polls at most, one per thread: the parameters and one query of
                                    * up to 1,216 dims; the rest of a longer message is read once the head is there */
 #define TR_MSG_LOADS 8            /* ... in rounds of this many chunks per thread */
+#ifndef TR_RELAY_POLL_ONE
+#define TR_RELAY_POLL_ONE 1 /* the other blocks: one thread polls the relay's chunk 0, then the block reads the head */
+#endif
 static_assert((TR_MSG_HEAD * 3 - sizeof(PersistReq) / 4) * 2 == 1216, "say how many dims the head carries");
 __host__ __device__ inline unsigned persist_msg_words(unsigned nq, unsigned nvec) {
     return (unsigned)(sizeof(PersistReq) / 4) + nq * nvec * 4u;
@@ -1281,7 +1284,7 @@ __host__ __device__ inline uint4 *persist_msg_area(PersistMailbox *mb, unsigned 
 }
 
 struct PersistCtl {                    /* device memory, zeroed before each launch */
-    unsigned go;                       /* seq of the batch copied into dreq/dq */
+    unsigned go;                       /* builds past TR_ONE_TRIP_MAX_ROWS: seq of the batch copied into dreq/dq */
     unsigned ticket;                   /* scan tickets (atomicInc wraps it back to 0) */
     unsigned merge_go;                 /* seq whose per-query merges may start */
     unsigned merge_ticket;
@@ -1312,24 +1315,30 @@ __device__ __forceinline__ void st_release_sys(unsigned *a, unsigned v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
 
-/* Block 0 of the persistent kernel: polls the host's message for batch seq (each thread one chunk of its head; it
- * is there when chunk 0 carries this seq and every chunk it spans carries chunk 0's tag), unpacks it into the
- * block's sreq and staged queries sq and into dreq/dq for the other blocks, reading a message longer than the head
+/* The builds with the one-trip merge, every block: polls the tagged message for batch seq at msg (block 0: the
+ * host's, over PCIe; the others: block 0's relay in L2), each thread one chunk of its head; it is there when chunk
+ * 0 carries this seq and every chunk it spans carries chunk 0's tag. Unpacks it into the block's sreq and staged
+ * queries sq (block 0 also stores each chunk, as it came, at relay), reading a message longer than the head
  * (several queries, or large dims) on until all of it carries the tag, and zeroes the padding of the staged rows.
  * Returns the tag (seq << 8 | nq); tr_seen_ns: %globaltimer when the head was there, tr_seen_clk: clock64 then.
  * Not inlined: inlined, its registers made the scan of two builds spill. */
 __shared__ unsigned long long tr_seen_ns;
 __shared__ long long tr_seen_clk;
-__device__ __noinline__ unsigned persist_receive(const PersistMailbox *mb, PersistReq *sreq, uint4 *sq,
-                                                 PersistReq *dreq, uint4 *dq, unsigned seq, unsigned nvec,
-                                                 unsigned qstride) {
+__device__ __noinline__ unsigned persist_receive(const uint4 *msg, uint4 *relay, PersistReq *sreq, uint4 *sq,
+                                                 unsigned seq, unsigned nvec, unsigned qstride) {
     __shared__ unsigned s_tag;
     const unsigned tid = threadIdx.x;
-    const uint4 *msg = persist_msg_area(const_cast<PersistMailbox *>(mb), nvec);
     /* the head: what one query needs (a poll of more bytes took longer to come back) */
     const unsigned head = min(persist_msg_chunks(1, nvec), (unsigned)TR_MSG_HEAD);
     uint4 v = make_uint4(0, 0, 0, 0);
     unsigned tag, nchunks;
+#if TR_RELAY_POLL_ONE
+    if (!relay) { /* the relay in L2: one thread waits for chunk 0, then the block reads the rest */
+        if (tid == 0)
+            while ((__ldcv(&msg[0].w) >> 8) != seq) __nanosleep(32);
+        __syncthreads();
+    }
+#endif
     for (;;) {
         if (tid < head) v = __ldcv(msg + tid);
         if (tid == 0) s_tag = v.w;
@@ -1346,17 +1355,16 @@ __device__ __noinline__ unsigned persist_receive(const PersistMailbox *mb, Persi
     const unsigned nq = tag & 0xFFu, req_words = (unsigned)(sizeof(PersistReq) / 4),
                    words = persist_msg_words(nq, nvec), row_words = nvec * 4u;
     auto unpack = [&](unsigned c, const uint4 &x) {
+        if (relay) __stcg(relay + c, x); /* the chunk as it came, tag and all: one 16-byte store */
         const unsigned val[3] = {x.x, x.y, x.z};
 #pragma unroll
         for (int i = 0; i < 3; i++) {
             const unsigned u = c * 3u + i;
             if (u < req_words) {
                 reinterpret_cast<unsigned *>(sreq)[u] = val[i];
-                reinterpret_cast<unsigned *>(dreq)[u] = val[i];
             } else if (u < words) {
                 const unsigned j = u - req_words, r = j / row_words, col = j - r * row_words;
                 reinterpret_cast<unsigned *>(sq)[r * qstride * 4u + col] = val[i];
-                reinterpret_cast<unsigned *>(dq)[j] = val[i];
             }
         }
     };
@@ -1423,49 +1431,22 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
     for (;;) {
         seq = persist_next_seq(seq);
         if constexpr (ONE_TRIP) { /* the tagged message (persist_receive) */
-            if (blk == 0) {
-                const unsigned tag = persist_receive(mb, &sreq, sq, dreq, dq, seq, nvec, qstride);
-                /* Fences in this kernel follow cooperative groups' grid sync: the block's threads meet at a barrier and
-                 * one thread fences (here: the release of go) for all of them. A fence in every thread first, then the
-                 * release's own, was two fence latencies in a row. */
-                __syncthreads();
-                if (tid == 0) {
-                    if (prof) {
-                        tr_clk[0] = tr_seen_clk;
-                        tr_clk[TR_PH_CYCLES + 1] = tr_seen_ns;
-                    }
-                    if (sreq.profile) {
-                        mb->stamp[0] = tr_seen_ns;
-                        mb->stamp[1] = global_ns();
-                        if (prof) ctl->go_ns = mb->stamp[1];
-                    }
-                    st_release_gpu(&ctl->go, tag);
+            /* Block 0 polls the host's message and relays its chunks, tags and all, into dq; every other block
+             * reads them there as block 0 read the host's, each chunk checked by its own tag. Block 0 unpacking
+             * into device memory and then raising go (a fence, then a flag the others polled before they loaded
+             * the batch) was a fence and a round trip to L2 more. */
+            if (blk == 0) persist_receive(persist_msg_area(mb, nvec), dq, &sreq, sq, seq, nvec, qstride);
+            else persist_receive(dq, nullptr, &sreq, sq, seq, nvec, qstride);
+            __syncthreads();
+            if (tid == 0) {
+                if (prof) {
+                    tr_clk[0] = tr_seen_clk;
+                    tr_clk[TR_PH_CYCLES + 1] = tr_seen_ns;
                 }
-            } else {
-                if (tid == 0) {
-                    unsigned g;
-                    while (((g = ld_acquire_gpu(&ctl->go)) >> 8) != seq) __nanosleep(32);
-                    s_word = g;
-                    if (prof) {
-                        tr_clk[0] = clock64();
-                        tr_clk[TR_PH_CYCLES + 1] = global_ns();
-                    }
-                }
-                __syncthreads(); /* with tid 0's acquire: the loads below see what go published */
-                /* Each block loads the parameters into sreq and stages the queries into sq in one loop, so their loads
-                 * are in flight together (from L2: block 0 wrote them before go). nq rides in the low byte of go, so the
-                 * loop's bounds are known first. Only the batch's own query rows: a row past nq feeds only its own
-                 * column of the mma, whose scores nothing reads, so it needs no zeros. Zero-filling the whole tile (8 or
-                 * 16 rows) took each thread 4 trips round this loop at 768 dims: staging took 1.3 us even with its code
-                 * and data warm, 1.7 cold; now 0.9 cold (H200, 4,096 x 768, one query). */
-                const unsigned nq = s_word & 0xFFu;
-                for (unsigned i = tid; i < NREQ + nq * qstride; i += blockDim.x) {
-                    if (i < NREQ) {
-                        reinterpret_cast<uint4 *>(&sreq)[i] = __ldcg(reinterpret_cast<const uint4 *>(dreq) + i);
-                    } else {
-                        const unsigned j = i - NREQ, r = j / qstride, c = j - r * qstride;
-                        sq[j] = c < nvec ? __ldcg(dq + r * nvec + c) : make_uint4(0, 0, 0, 0);
-                    }
+                if (blk == 0 && sreq.profile) {
+                    mb->stamp[0] = tr_seen_ns;
+                    mb->stamp[1] = global_ns();
+                    if (prof) ctl->go_ns = mb->stamp[1];
                 }
             }
         } else {
@@ -1904,7 +1885,11 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
         memset(b->pmb, 0, mb_bytes);
         CREATE_TRY(cudaHostGetDevicePointer((void **)&b->pmb_dev, b->pmb, 0));
         CREATE_TRY(cudaMalloc(&b->pdreq, sizeof(PersistReq)));
-        CREATE_TRY(cudaMalloc(&b->pdq, (size_t)TR_BQ_MAX * b->nvec * sizeof(uint4)));
+        /* dq: the batch's queries (builds past TR_ONE_TRIP_MAX_ROWS) or block 0's relay of the tagged message (the
+         * others), zeroed: no chunk carries seq 0 */
+        const size_t dq_vecs = (size_t)TR_BQ_MAX * b->nvec > msg_chunks ? (size_t)TR_BQ_MAX * b->nvec : msg_chunks;
+        CREATE_TRY(cudaMalloc(&b->pdq, dq_vecs * sizeof(uint4)));
+        CREATE_TRY(cudaMemset(b->pdq, 0, dq_vecs * sizeof(uint4)));
         CREATE_TRY(cudaMalloc(&b->pctl, sizeof(PersistCtl)));
     }
     {
