@@ -203,3 +203,28 @@ def test_a_fast_path_from_another_version_is_not_used(monkeypatch):
         monkeypatch.undo()
         _native.fast_search_module.cache_clear()
     assert _native.fast_search_module() is not None
+
+
+def test_the_result_is_built_in_place_for_searchresult_and_by_a_call_otherwise(loaded):
+    """SearchResult (four object slots) is filled in place, without calling the class; any other result_type is
+    called as result_type(ids, scores, hits, service_ns). Both carry the same answer."""
+    hot, rng, dim = loaded
+    q = unit_rows(rng, 1, dim)[0]
+    first = hot._fast.search(q, 5, False, False, None)
+    assert type(first) is SearchResult
+    assert first.ids.dtype == np.int64 and first.scores.dtype == np.float32 and first.ids.shape == (1, 5)
+    assert first.hits == 5 and type(first.hits) is int and type(first.service_ns) is int and first.service_ns > 0
+    calls = []
+
+    def make(ids, scores, hits, service_ns):
+        calls.append((hits, service_ns))
+        return ("made", ids, scores)
+
+    other = fast_search_module().FastClient(hot._base, hot._pid, hot._timeout_ns, hot._spin_ns, hot._yield_ns, make)
+    try:
+        made = other.search(q, 5, False, False, None)
+    finally:
+        assert other.close(5.0)
+    assert made[0] == "made" and len(calls) == 1 and calls[0][0] == 5
+    np.testing.assert_array_equal(made[1], first.ids)
+    np.testing.assert_array_equal(made[2], first.scores)

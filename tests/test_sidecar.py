@@ -153,9 +153,10 @@ def test_upsert_replaces_delete_removes_and_counts(start):
     assert hot.stats()["hot_rows"] == 0 and hot.namespace_rows(1)[0] == 0
 
 
-def test_full_tier_evicts_least_recently_used(start):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_tier_evicts_least_recently_used(start, backend):
     rng = np.random.default_rng(4)
-    _, hot = start(dim=8, capacity=4)
+    _, hot = start(dim=8, capacity=4, dtype="f16", backend=backend)
     x = unit_rows(rng, 7, 8)
     hot.upsert([0, 1, 2, 3], x[:4], 1)
     hot.search(x[0].copy(), k=1)  # touches id 0: now most recent
@@ -169,9 +170,10 @@ def test_full_tier_evicts_least_recently_used(start):
         hot.upsert(np.arange(100, 105), unit_rows(rng, 5, 8), 1)
 
 
-def test_a_search_of_several_queries_touches_each_querys_hits(start):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_search_of_several_queries_touches_each_querys_hits(start, backend):
     rng = np.random.default_rng(5)
-    _, hot = start(dim=8, capacity=4)
+    _, hot = start(dim=8, capacity=4, dtype="f16", backend=backend)
     x = unit_rows(rng, 6, 8)
     hot.upsert([0, 1, 2, 3], x[:4], 1)
     assert hot.search(np.stack([x[0], x[2]]), k=1).ids[:, 0].tolist() == [0, 2]  # touches ids 0 and 2
