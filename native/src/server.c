@@ -120,9 +120,9 @@ static int take_vectors_to(tr_server *s, tr_slot *slot, const unsigned char *src
                            int normalise, float *dst) {
     uint32_t d = s->geo.dim;
     const size_t bytes = (size_t)count * d * sizeof(float);
-    /* The client has just written these lines, so they sit modified in its core's cache, and a copy that reads
-     * them in order fetches them from there about one at a time. Asked for all at once (into L2: its miss queue
-     * is the deep one), they are in flight together. On the H200 machine's host, with the client's prefetch for
+    /* The client has just written these lines, so they sit in its core's cache (or, demoted, in the shared one),
+     * and a copy that reads them in order waits on them a few at a time. Asked for all at once (into L2: its miss
+     * queue is the deep one), they are in flight together. On the H200 machine's host, with the client's prefetch for
      * write and the finiteness-only check below, an empty-tier 768-dim search from C went from 2.9-3.1 us to
      * 1.7-2.1 (a ping carrying the same bytes, which the server never reads: 0.8). */
     for (size_t off = 0; off < bytes && off < TAKE_PREFETCH_BYTES; off += 64) __builtin_prefetch(src + off, 0, 2);
