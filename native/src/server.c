@@ -130,17 +130,12 @@ static int take_vectors_to(tr_server *s, tr_slot *slot, const unsigned char *src
     for (uint32_t i = 0; i < count; i++) {
         float *v = dst + (size_t)i * d;
         uint32_t special = 0;
-        if (!normalise) { /* the finiteness check alone: integer ORs, which vectorise (no squares to sum) */
-            const uint32_t *bits = (const uint32_t *)v;
-            uint32_t any = 0;
-            for (uint32_t j = 0; j < d; j++) any |= (~bits[j] & 0x7f800000u) == 0u;
-            if (any)
-                return reply_error(slot, TR_E_NOT_FINITE, "vector %u has a NaN or infinite value at "
-                                   "%u: clean the input (np.nan_to_num) or drop the row", i, first_not_finite(v, d));
-            continue;
-        }
         double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         uint32_t j = 0;
+        if (!normalise) { /* the finiteness check alone: integer ORs, which vectorise (no squares to sum) */
+            const uint32_t *bits = (const uint32_t *)v;
+            for (; j < d; j++) special |= (~bits[j] & 0x7f800000u) == 0u; /* j = d: no sums below */
+        }
         for (; j + 8 <= d; j += 8) {
             for (int u = 0; u < 8; u++) {
                 uint32_t bits;
@@ -156,6 +151,7 @@ static int take_vectors_to(tr_server *s, tr_slot *slot, const unsigned char *src
         if (special)
             return reply_error(slot, TR_E_NOT_FINITE, "vector %u has a NaN or infinite value at "
                                "%u: clean the input (np.nan_to_num) or drop the row", i, first_not_finite(v, d));
+        if (!normalise) continue;
         double norm = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
         if (norm == 0.0)
             return reply_error(slot, TR_E_ZERO_VECTOR, "vector %u is all zeros and cannot be "
