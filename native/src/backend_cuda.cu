@@ -1255,9 +1255,6 @@ struct alignas(16) PersistReq {
 #define TR_MSG_HEAD TR_CUDA_BLOCK /* chunks block 0 polls at most, one per thread: the parameters and one query of
                                    * up to 1,216 dims; the rest of a longer message is read once the head is there */
 #define TR_MSG_LOADS 8            /* ... in rounds of this many chunks per thread */
-#ifndef TR_RELAY_POLL_ONE
-#define TR_RELAY_POLL_ONE 1 /* the other blocks: one thread polls the relay's chunk 0, then the block reads the head */
-#endif
 static_assert((TR_MSG_HEAD * 3 - sizeof(PersistReq) / 4) * 2 == 1216, "say how many dims the head carries");
 __host__ __device__ inline unsigned persist_msg_words(unsigned nq, unsigned nvec) {
     return (unsigned)(sizeof(PersistReq) / 4) + nq * nvec * 4u;
@@ -1271,7 +1268,8 @@ struct PersistMailbox {
                                         * stop), after req and the queries */
     alignas(128) unsigned done_seq;    /* device -> host: the last seq answered */
     unsigned hits[TR_BQ_MAX];          /* device -> host: hits per query of that batch */
-    unsigned long long stamp[4];       /* device -> host (profile): %globaltimer at message seen, go, last
+    unsigned long long stamp[4];       /* device -> host (profile): %globaltimer at message seen, go (the tagged
+                                        * builds: block 0's relay written), last
                                         * ticket, done */
     unsigned long long merge_stamp[3]; /* device -> host (profile, merged by the last block): %globaltimer
                                         * after the merge's bounds, after its candidates; candidates kept */
@@ -1332,13 +1330,12 @@ __device__ __noinline__ unsigned persist_receive(const uint4 *msg, uint4 *relay,
     const unsigned head = min(persist_msg_chunks(1, nvec), (unsigned)TR_MSG_HEAD);
     uint4 v = make_uint4(0, 0, 0, 0);
     unsigned tag, nchunks;
-#if TR_RELAY_POLL_ONE
-    if (!relay) { /* the relay in L2: one thread waits for chunk 0, then the block reads the rest */
+    if (!relay) { /* the relay in L2: one thread waits for chunk 0, then the block reads the rest (every thread
+                   * polling its chunk reached the ticket sooner but slowed the merge: more traffic in L2) */
         if (tid == 0)
             while ((__ldcv(&msg[0].w) >> 8) != seq) __nanosleep(32);
         __syncthreads();
     }
-#endif
     for (;;) {
         if (tid < head) v = __ldcv(msg + tid);
         if (tid == 0) s_tag = v.w;
@@ -1437,8 +1434,7 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
              * the batch) was a fence and a round trip to L2 more. */
             if (blk == 0) persist_receive(persist_msg_area(mb, nvec), dq, &sreq, sq, seq, nvec, qstride);
             else persist_receive(dq, nullptr, &sreq, sq, seq, nvec, qstride);
-            __syncthreads();
-            if (tid == 0) {
+            if (tid == 0) { /* no barrier first: thread 0 wrote tr_seen_* and unpacked chunk 0 (sreq.profile) itself */
                 if (prof) {
                     tr_clk[0] = tr_seen_clk;
                     tr_clk[TR_PH_CYCLES + 1] = tr_seen_ns;
