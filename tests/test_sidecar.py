@@ -153,6 +153,30 @@ def test_upsert_replaces_delete_removes_and_counts(start):
     assert hot.stats()["hot_rows"] == 0 and hot.namespace_rows(1)[0] == 0
 
 
+
+def test_list_ids_pages_through_every_row_and_filters_by_namespace(start):
+    """LIST_IDS (the coordinator's repair of a stale namespace reads it) returns each hot row once, across pages,
+    and only the asked namespace's rows when filtered; deletes and moves between namespaces show at once."""
+    rng = np.random.default_rng(11)
+    dim, n = 4, 70_000  # more ids than one 256 KiB slot holds (32,767), so the listing takes three pages
+    _, hot = start(dim=dim, capacity=n)
+    ids = rng.choice(10**15, size=n, replace=False).astype(np.int64)
+    ns = np.where(np.arange(n) % 7 == 0, 5, 6).astype(np.uint64)
+    for lo in range(0, n, 10_000):
+        hot.upsert(ids[lo:lo + 10_000], unit_rows(rng, min(10_000, n - lo), dim), ns[lo:lo + 10_000])
+    listed = hot.list_ids()
+    assert listed.shape == (n,) and set(listed.tolist()) == set(ids.tolist())
+    assert sorted(hot.list_ids(5).tolist()) == sorted(ids[ns == 5].tolist())
+    assert hot.list_ids(12345).size == 0
+    gone, moved = ids[ns == 5][:3], ids[ns == 6][:2]
+    hot.delete(gone)
+    hot.upsert(moved, unit_rows(rng, 2, dim), 5)
+    want = (set(ids[ns == 5].tolist()) - set(gone.tolist())) | set(moved.tolist())
+    assert sorted(hot.list_ids(5).tolist()) == sorted(want)
+    assert hot.list_ids().shape == (n - 3,)
+    hot.clear()
+    assert hot.list_ids().size == 0
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_full_tier_evicts_least_recently_used(start, backend):
     rng = np.random.default_rng(4)

@@ -435,6 +435,24 @@ class HotTier:
             payload[m:] = [max(0, int(t)) for _, t in chunk]
             self._call(L.OP_SET_TOTALS, count=m, payload=payload)
 
+    def list_ids(self, namespace_hash: int | None = None) -> np.ndarray:
+        """Ids of every hot row (of one namespace, by hash, when given), in row order. Exact only while no other
+        client writes to the hot tier meanwhile (rows move when others are deleted): callers hold the store's
+        write lock."""
+        flags, ns = (0, 0) if namespace_hash is None else (L.FLAG_NS_FILTER, int(namespace_hash) & _MASK64)
+        step = (self._payload_bytes - L.LIST_IDS_OFFSET) // 8
+        out = np.empty(L.LIST_IDS_OFFSET + 8 * step, dtype=np.uint8)
+        parts: list[np.ndarray] = []
+        cursor = 0
+        while True:
+            payload = np.array([cursor], dtype=np.uint64)
+            res = self._call(L.OP_LIST_IDS, flags=flags, count=step, ns_hash=ns, payload=payload, out=out)
+            parts.append(out[L.LIST_IDS_OFFSET:L.LIST_IDS_OFFSET + 8 * res.reply_count].view(np.int64).copy())
+            cursor = int(out[:8].view(np.uint64)[0])
+            if cursor >= self.hot_rows:
+                break
+        return np.concatenate(parts)
+
     def clear(self) -> int:
         return int(self._call(L.OP_CLEAR).reply_count)
 
@@ -467,6 +485,12 @@ class HotTier:
     @property
     def owner_pid(self) -> int:
         return int(self._header.owner_pid)
+
+    @property
+    def instance(self) -> tuple[int, int]:
+        """(owner pid, start time in ns): tells one run of a sidecar from a later one on the same segment name."""
+        h = self._header
+        return int(h.owner_pid), int(h.started_ns)
 
     @property
     def search_path(self) -> str:

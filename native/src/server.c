@@ -277,6 +277,18 @@ static int handle(tr_server *s, tr_slot *slot) {
         return tr_store_set_totals(&s->store, (const uint64_t *)p, (const uint64_t *)(p + 8ull * count),
                                    count, err, errlen);
     }
+    case TR_OP_LIST_IDS: {
+        uint64_t limit = (g->slot_payload_bytes - TR_LIST_IDS_OFFSET) / 8u;
+        if (count < 1 || count > limit)
+            return reply_error(slot, TR_E_BAD_COUNT, "%u ids in one listing: ask for 1..%llu", count,
+                               (unsigned long long)limit);
+        uint64_t cursor;
+        memcpy(&cursor, p, sizeof cursor);
+        slot->reply_count = tr_store_list_ids(&s->store, &cursor, (flags & TR_FLAG_NS_FILTER) != 0, slot->ns_hash,
+                                              (int64_t *)(p + TR_LIST_IDS_OFFSET), count);
+        memcpy(p, &cursor, sizeof cursor);
+        return TR_OK;
+    }
     case TR_OP_CLEAR: {
         uint32_t removed = 0;
         int rc = tr_store_clear(&s->store, &removed, err, errlen);

@@ -301,6 +301,16 @@ uint32_t tr_store_contains(tr_store *s, const int64_t *ids, uint32_t count, uint
     return n;
 }
 
+uint32_t tr_store_list_ids(const tr_store *s, uint64_t *cursor, int filtered, uint64_t ns, int64_t *out,
+                           uint32_t max) {
+    uint32_t n = 0;
+    uint64_t r = *cursor;
+    for (; r < s->rows && n < max; r++)
+        if (!filtered || s->ns[r] == ns) out[n++] = s->ids[r];
+    *cursor = r;
+    return n;
+}
+
 int tr_store_clear(tr_store *s, uint32_t *removed, char *err, size_t errlen) {
     *removed = (uint32_t)s->rows;
     for (uint64_t r = 0; r < s->rows; r++) ns_add(s, s->ns[r], -1);

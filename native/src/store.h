@@ -44,6 +44,10 @@ int tr_store_upsert(tr_store *s, const int64_t *ids, const uint64_t *ns, const i
 int tr_store_delete(tr_store *s, const int64_t *ids, uint32_t count, uint32_t *deleted, char *err,
                     size_t errlen);
 uint32_t tr_store_contains(tr_store *s, const int64_t *ids, uint32_t count, uint8_t *present);
+/* Up to `max` ids of rows at positions >= *cursor (only namespace `ns` when filtered), in row
+ * order; *cursor becomes the position after the last row examined (>= rows: no more). */
+uint32_t tr_store_list_ids(const tr_store *s, uint64_t *cursor, int filtered, uint64_t ns, int64_t *out,
+                           uint32_t max);
 int tr_store_clear(tr_store *s, uint32_t *removed, char *err, size_t errlen);
 /* Marks ids (search results) as recently used. */
 void tr_store_touch_ids(tr_store *s, const int64_t *ids, uint32_t count);

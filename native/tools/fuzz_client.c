@@ -43,6 +43,7 @@ static uint64_t rnd(void) { /* splitmix64 */
     return z ^ (z >> 31);
 }
 static uint32_t pick(const uint32_t *v, size_t n) { return v[rnd() % n]; }
+static uint64_t pick64(const uint64_t *v, size_t n) { return v[rnd() % n]; }
 
 typedef struct {
     tr_slot *slot;
@@ -120,6 +121,10 @@ static void fill_payload(unsigned char *p, uint32_t op, uint32_t count, uint32_t
             w[i] = hostile_ns();
             w[n + i] = rnd() % 2 ? rnd() : rnd() % 1000;
         }
+    } else if (op == TR_OP_LIST_IDS) {
+        const uint64_t cursors[] = {0, 1, 2, UINT64_MAX, UINT64_MAX - 1, 0x8000000000000000ull};
+        uint64_t cursor = rnd() % 2 ? rnd() % 64 : pick64(cursors, sizeof cursors / sizeof cursors[0]);
+        memcpy(p, &cursor, sizeof cursor);
     }
     (void)k;
 }
@@ -128,7 +133,8 @@ static uint32_t hostile_count(uint32_t op) {
     uint32_t pl = geo.slot_payload_bytes;
     const uint32_t v[] = {0, 1, 2, 3, 7, 16, geo.max_upsert_rows, geo.max_upsert_rows + 1,
                           geo.max_search_queries, geo.max_search_queries + 1, pl / 9 - 8, pl / 9 - 7,
-                          pl / 9 - 1, pl / 9, pl / 9 + 1, pl / 16, pl / 16 + 1, 0x7FFFFFFF, 0xFFFFFFFF,
+                          pl / 9 - 1, pl / 9, pl / 9 + 1, pl / 16, pl / 16 + 1, pl / 8 - 1, pl / 8,
+                          pl / 8 + 1, 0x7FFFFFFF, 0xFFFFFFFF,
                           0x80000000u};
     if (rnd() % 16) return 1 + (uint32_t)(rnd() % 4); /* mostly small: cheap and reaches deep code */
     (void)op;
@@ -138,7 +144,7 @@ static uint32_t hostile_count(uint32_t op) {
 static void send_one(inflight *f, tr_slot *slot, int32_t pid) {
     static const uint32_t ops[] = {TR_OP_PING, TR_OP_SEARCH, TR_OP_SEARCH, TR_OP_SEARCH, TR_OP_UPSERT,
                                    TR_OP_UPSERT, TR_OP_DELETE, TR_OP_CONTAINS, TR_OP_SET_TOTALS,
-                                   TR_OP_CLEAR, 0, 8, 0xFFFFFFFF, 0x80000000u};
+                                   TR_OP_CLEAR, TR_OP_LIST_IDS, 0, TR_OP_MAX + 1, 0xFFFFFFFF, 0x80000000u};
     static const uint32_t flag_set[] = {0, TR_FLAG_NS_FILTER, TR_FLAG_NORMALIZE, TR_FLAG_NO_TOUCH,
                                         TR_FLAGS_KNOWN, 8, 0xFFFFFFFF, 0x80000000u};
     uint32_t op = rnd() % 8 ? pick(ops, sizeof ops / sizeof ops[0]) : (uint32_t)rnd();

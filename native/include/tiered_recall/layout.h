@@ -30,7 +30,7 @@
 #define TR_MAGIC 0x004C4C4143455254ULL
 /* Bump on any change to a struct, constant or payload formula below, or to libtrclient's call interface
  * (tiered_recall/client.h). */
-#define TR_LAYOUT_VERSION 3u
+#define TR_LAYOUT_VERSION 4u
 
 #define TR_CACHELINE 64u
 #define TR_HEADER_BYTES 1024u
@@ -80,6 +80,10 @@ enum tr_slot_state {
  *   SET_TOTALS in: u64 ns[count] at 0, u64 total_rows[count] at 8*count (total rows of each
  *             namespace over both tiers, as the coordinator knows it). out: nothing.
  *   CLEAR     in: nothing.                                  out: reply_count = rows removed.
+ *   LIST_IDS  in: u64 cursor at 0 (a row position; 0 starts), count = the most ids wanted.
+ *             out: u64 next cursor at 0 (>= hot rows: done), i64 ids[reply_count] at 8; with
+ *             NS_FILTER only rows whose namespace hash == slot.ns_hash. Rows move when others
+ *             are deleted, so a listing is exact only while no other request writes meanwhile.
  */
 enum tr_opcode {
     TR_OP_PING = 1,
@@ -89,12 +93,13 @@ enum tr_opcode {
     TR_OP_CONTAINS = 5,
     TR_OP_SET_TOTALS = 6,
     TR_OP_CLEAR = 7,
+    TR_OP_LIST_IDS = 8,
 };
-#define TR_OP_MAX 7u
+#define TR_OP_MAX 8u
 
 /* slot.flags */
 enum tr_flags {
-    TR_FLAG_NS_FILTER = 1u << 0, /* SEARCH: only rows whose namespace hash == slot.ns_hash */
+    TR_FLAG_NS_FILTER = 1u << 0, /* SEARCH, LIST_IDS: only rows whose namespace hash == slot.ns_hash */
     TR_FLAG_NORMALIZE = 1u << 1, /* SEARCH/UPSERT: the sidecar unit-normalises the vectors */
     TR_FLAG_NO_TOUCH = 1u << 2,  /* SEARCH: do not refresh LRU recency of the rows returned */
 };
@@ -125,6 +130,7 @@ enum tr_status {
     TR_ALIGN64(TR_UPSERT_VECTORS_OFFSET(count) + (uint64_t)(count) * (dim) * 4u)
 #define TR_UPSERT_BYTES(count, dim) (TR_UPSERT_REPLY_OFFSET(count, dim) + (uint64_t)(count) * 8u)
 #define TR_CONTAINS_REPLY_OFFSET(count) TR_ALIGN64((uint64_t)(count) * 8u)
+#define TR_LIST_IDS_OFFSET 8u
 
 /* Fixed-size segment header. Byte budget (1024):
  *   0..127    identity and geometry, written once before state becomes READY
