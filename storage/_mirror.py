@@ -301,6 +301,11 @@ class VectorMirror:
     def namespace_counts(self) -> dict[str, int]:
         return {ns: int(c) for ns, c in zip(self.namespaces, self._ns_live) if c}
 
+    def namespaces_of(self, ids: np.ndarray) -> set[str]:
+        """The namespaces the live rows among ids are in."""
+        pos = self.positions(ids)
+        return {self.namespaces[c] for c in np.unique(self._ns_codes[pos]).tolist()}
+
     def rows(self, ids: np.ndarray) -> dict:
         """The live rows among ids, in the order asked (absent ids are left out), as recent() returns them."""
         pos = self.positions_or_minus1(ids)

@@ -240,18 +240,26 @@ class _FileLock:
 class WriteAheadLog:
     """The log folder of one store, as seen by one process: the writer side (under `locked()`) and file helpers."""
 
-    def __init__(self, folder: str, *, retention_s: float = 120.0, keep_generations: int = 8):
+    def __init__(self, folder: str, *, retention_s: float = 120.0, keep_generations: int = 8, read_only: bool = False):
         self.folder = folder
         self.retention_s = retention_s
         self.keep_generations = keep_generations
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        self._append_lock = _FileLock(os.path.join(folder, LOCK_NAME))
-        self._flush_lock = _FileLock(os.path.join(folder, FLUSH_LOCK_NAME))
-        self._flush_probe_fd = os.open(os.path.join(folder, FLUSH_LOCK_NAME), os.O_RDWR)  # for flush_in_progress()
+        self.read_only = read_only
         self._wfd: int | None = None
         self._wgen = 0
         self._wend = 0  # end of the last intact record of the current generation (valid under the lock)
         self._closed = False
+        self._append_lock = self._flush_lock = None
+        self._flush_probe_fd: int | None = None
+        probe = os.path.join(folder, FLUSH_LOCK_NAME)
+        if read_only:  # a follower only: no lock files are made, nothing is appended, flushed or pruned
+            if os.path.exists(probe):
+                self._flush_probe_fd = os.open(probe, os.O_RDONLY)
+            return
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        self._append_lock = _FileLock(os.path.join(folder, LOCK_NAME))
+        self._flush_lock = _FileLock(probe)
+        self._flush_probe_fd = os.open(probe, os.O_RDWR)  # for flush_in_progress()
         with self.locked():
             if not self.generations():
                 self._write_generation(Header(1, 0, -1, -1))
@@ -290,10 +298,14 @@ class WriteAheadLog:
     # ---- the lock -------------------------------------------------------------------------------
     def flushing(self):
         """The flush lock: exclusive across processes and threads (re-entrant); take it before locked()."""
+        if self._flush_lock is None:
+            raise RuntimeError("a read-only log takes no locks: nothing may write through it")
         return self._flush_lock.held()
 
     def locked(self):
         """The append lock: exclusive across processes and threads (re-entrant within one thread)."""
+        if self._append_lock is None:
+            raise RuntimeError("a read-only log takes no locks: nothing may write through it")
         return self._append_lock.held()
 
     def _refresh_locked(self) -> None:
@@ -381,19 +393,22 @@ class WriteAheadLog:
 
     def flush_in_progress(self) -> bool:
         """Whether a flush or a write that bypasses the log holds the flush lock now (this process's included)."""
-        return lock_held(self._flush_probe_fd)
+        return self._flush_probe_fd is not None and lock_held(self._flush_probe_fd)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._flush_probe_fd is not None:
+            os.close(self._flush_probe_fd)
+        if self._append_lock is None:
+            return
         with self._append_lock.mutex:
             if self._wfd is not None:
                 os.close(self._wfd)
                 self._wfd = None
             self._append_lock.close()
             self._flush_lock.close()
-            os.close(self._flush_probe_fd)
 
 
 class LogFollower:

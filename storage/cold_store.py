@@ -14,8 +14,9 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
-from ..errors import InvalidInput, StorageError, TieredRecallError
+from ..errors import InvalidInput, ReadOnlyStore, StorageError, TieredRecallError
 from . import _validate as check
+from ._generations import Bump, WriteGenerations, open_generations
 from ._ann import (TARGET_RECALL, IvfAnn, choose_method, choose_nlist, flat_search, read_choice, remove_choice,
                    write_choice)
 from ._bm25 import Bm25Index, rrf_fuse
@@ -156,8 +157,11 @@ class ColdStore:
                  scalar_index_min_rows: int = 50_000, ann_index_min_rows: int = 250_000,
                  background: bool = True, index: str = "auto", faiss_min_rows: int = 20_000,
                  target_recall: float = TARGET_RECALL, wal: bool = True, wal_flush_rows: int = 512,
-                 wal_flush_s: float = 0.5):
+                 wal_flush_s: float = 0.5, read_only: bool = False):
         self._dim = check.check_dim(dim)
+        if not isinstance(read_only, bool):
+            raise InvalidInput(f"read_only must be True or False, got {read_only!r}")
+        self._read_only = read_only
         if index not in INDEX_MODES:
             raise InvalidInput(f"index must be one of {INDEX_MODES} (\"auto\" picks exact or FAISS by size), got {index!r}")
         if isinstance(faiss_min_rows, bool) or not isinstance(faiss_min_rows, int) or faiss_min_rows < 1:
@@ -237,15 +241,26 @@ class ColdStore:
         self._flusher_wake = threading.Event()
         self._flusher_stop = threading.Event()
 
-        try:
-            os.makedirs(self._path, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(f"cannot create the cold-tier folder {self._path}: {exc}") from exc
-        if wal:
-            self._wal = self._guard("open the write-ahead log", lambda: WriteAheadLog(os.path.join(self._path, WAL_FOLDER)))
+        if read_only:
+            if not os.path.isdir(self._path):
+                raise InvalidInput(f"no cold store at {self._path}: a read-only store must exist (open it writable "
+                                   "once to create it)")
+            background = False  # no compaction, flush or index file: nothing is written
+        else:
+            try:
+                os.makedirs(self._path, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(f"cannot create the cold-tier folder {self._path}: {exc}") from exc
+        wal_folder = os.path.join(self._path, WAL_FOLDER)
+        if wal and (not read_only or os.path.isdir(wal_folder)):
+            self._wal = self._guard("open the write-ahead log", lambda: WriteAheadLog(wal_folder, read_only=read_only))
             self._follower = LogFollower(self._wal)
-            self._maintenance_probe_fd = os.open(os.path.join(self._path, MAINTENANCE_LOCK_NAME),
-                                                 os.O_RDWR | os.O_CREAT, 0o600)
+            probe = os.path.join(self._path, MAINTENANCE_LOCK_NAME)
+            if not read_only or os.path.exists(probe):
+                self._maintenance_probe_fd = os.open(probe, os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT, 0o600)
+        # Every write bumps these before it is acknowledged; the coordinator certifies the hot tier against them.
+        self._generations: WriteGenerations | None = self._guard(
+            "open the write generations", lambda: open_generations(self._path, read_only=read_only))
         self._read_interval = timedelta(seconds=float(read_consistency_interval_s))
         self._lagging_reads = read_consistency_interval_s > 0
         self._reconnects = 0
@@ -261,7 +276,7 @@ class ColdStore:
         if background:
             self._maintenance = MaintenanceThread(self._maintain, writes_due=self._writes_per_compaction,
                                                   every_s=compact_every_s, name=f"cold-maintenance:{self._path}")
-        if self._wal is not None:
+        if self._wal is not None and not read_only:
             # Replay: rows a process logged but did not flush (it died, or is still running) go into LanceDB now
             # (a failure, e.g. a full disk, leaves them in the log, served from there, and is retried later).
             self._flush_for_read()
@@ -277,6 +292,20 @@ class ColdStore:
     def path(self) -> str:
         return self._path
 
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    @property
+    def generations(self) -> WriteGenerations | None:
+        """The store's write generations (None for a read-only store no writer of this version has opened)."""
+        return self._generations
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise ReadOnlyStore(f"the cold store at {self._path} is open read-only: open it without read_only=True, "
+                                "from a user and file system that can write the folder, to add or delete")
+
     def close(self) -> None:
         if self._closed:
             return
@@ -284,7 +313,7 @@ class ColdStore:
             self._flusher_stop.set()
             self._flusher_wake.set()
             self._flusher.join(60)
-        if self._wal is not None:
+        if self._wal is not None and not self._read_only:
             try:
                 self._flush_now()  # LanceDB holds every row again; on failure the rows stay in the log (replayed on open)
             except Exception as exc:
@@ -315,6 +344,8 @@ class ColdStore:
             if self._maintenance_probe_fd is not None:
                 os.close(self._maintenance_probe_fd)
                 self._maintenance_probe_fd = None
+            if self._generations is not None:
+                self._generations.close()
 
     def __enter__(self) -> "ColdStore":
         return self
@@ -371,6 +402,9 @@ class ColdStore:
             try:
                 return self._db.open_table(TABLE_NAME)
             except (FileNotFoundError, ValueError):
+                if self._read_only:
+                    raise InvalidInput(f"no memories table in {self._path}: a read-only store must exist (open it "
+                                       "writable once to create it)") from None
                 # exist_ok covers a concurrent creator; the dim check below catches a mismatch either way.
                 return self._db.create_table(TABLE_NAME, schema=memory_schema(self._dim), exist_ok=True)
         table = self._guard("open or create the table", open_or_create)
@@ -599,7 +633,8 @@ class ColdStore:
 
     def _writer_active(self) -> bool:
         """A flush, a write that bypasses the log, or maintenance (compaction, index builds) is running now."""
-        return self._wal.flush_in_progress() or lock_held(self._maintenance_probe_fd)
+        probe = self._maintenance_probe_fd
+        return self._wal.flush_in_progress() or (probe is not None and lock_held(probe))
 
     def _after_own_write_locked(self, new_version: int, apply: Callable[[VectorMirror], None]) -> None:
         if self._mirror is None:
@@ -632,14 +667,15 @@ class ColdStore:
         return max(self._compact_every_writes, min(self._row_estimate // 1000, 1000))
 
     # ---- writes --------------------------------------------------------------------------------
-    def add(self, *, ids, vectors, namespaces, texts, sessions, roles, created_at_us, metadata) -> None:
+    def add(self, *, ids, vectors, namespaces, texts, sessions, roles, created_at_us, metadata) -> Bump | None:
         """Upsert rows by id; durable when this returns (in the write-ahead log or committed to LanceDB); the whole
-        batch or nothing.
+        batch or nothing. Returns what the write did to the write generations (bumped before it was durable).
 
         ids: (n,) int64; vectors: (n, dim) float32 unit-norm; namespaces/texts: n str; sessions/roles: n str|None;
         created_at_us: (n,) int64 microseconds since the epoch (UTC); metadata: n dict|None (JSON-serialisable).
         """
         self._check_open()
+        self._check_writable()
         ids = check.check_ids(ids)
         n = ids.shape[0]
         check.check_unique(ids)
@@ -651,14 +687,25 @@ class ColdStore:
         created = check.check_timestamps(created_at_us, n)
         metadata_json = check.check_metadata(metadata, n)
         if self._wal is not None and n <= _WAL_MAX_ROWS:
-            self._add_logged(Rows(ids, vectors, created, namespaces, sessions, roles, texts, metadata_json))
-            return
+            return self._add_logged(Rows(ids, vectors, created, namespaces, sessions, roles, texts, metadata_json))
         batch = build_batch(self._schema, ids=ids, vectors=vectors, namespaces=namespaces, texts=texts,
                             sessions=sessions, roles=roles, created_at_us=created, metadata_json=metadata_json)
         with self._direct_write():  # runs while the log is empty (see _wal.py)
-            self._add_committed(ids, vectors, namespaces, texts, roles, created, batch)
+            return self._add_committed(ids, vectors, namespaces, texts, roles, created, batch)
 
-    def _add_committed(self, ids, vectors, namespaces, texts, roles, created, batch) -> None:
+    def _bump_locked(self, ids: np.ndarray, namespaces: list[str] | None) -> Bump | None:
+        """Counts a write of rows `ids` (into `namespaces`; None for a delete) in the write generations before it is
+        acknowledged. It touches the namespaces it writes into and those the ids are in now, which only the mirror
+        knows cheaply: without one the write counts as unplaced. Called under the lock that orders this write after
+        every earlier one (the log's append lock, or a direct write's), with the mirror in step with them."""
+        gens = self._generations
+        if gens is None:
+            return None
+        if self._mirror is None:
+            return gens.bump(None)
+        return gens.bump(set(namespaces or ()) | self._mirror.namespaces_of(ids))
+
+    def _add_committed(self, ids, vectors, namespaces, texts, roles, created, batch) -> Bump | None:
         n = ids.shape[0]
 
         def upsert():
@@ -668,6 +715,7 @@ class ColdStore:
         with self._lock:
             self._check_open()
             self._sync_locked(defer=False)  # the flush lock is ours: no other writer to wait for
+            bump = self._bump_locked(ids, namespaces)
             expected = self._mirror_version + 1
             if self._mirror is not None and self._mirror.positions(ids).size == 0:
                 # All ids are new as of the latest version: a plain append skips merge_insert's join (~2x faster).
@@ -687,6 +735,7 @@ class ColdStore:
             self._announce_locked(encode_note("changed", [result.version]), f"log the add of {n} rows")
         if self._maintenance is not None:
             self._maintenance.note_writes()
+        return bump
 
     # ---- the write-ahead log, writer side ----------------------------------------------------------
     @contextmanager
@@ -714,10 +763,13 @@ class ColdStore:
             raise StorageError(_storage_message(what, self._path, exc)) from exc
         self._follow_log_locked()
 
-    def _add_logged(self, rows: Rows) -> None:
+    def _add_logged(self, rows: Rows) -> Bump | None:
         record = encode_rows(rows)
         with self._wal.locked():
             self._check_open()
+            with self._lock:
+                self._follow_log_locked()  # every earlier logged write in the mirror: the ids' namespaces are known
+                bump = self._bump_locked(rows.ids, rows.namespaces)
             try:
                 self._wal.append(record)  # durable here (fdatasync)
             except Exception as exc:
@@ -727,6 +779,7 @@ class ColdStore:
             self._wal_unflushed += int(rows.ids.shape[0])
         if self._wal_unflushed >= self._wal_flush_rows:
             self._flusher_wake.set()
+        return bump
 
     def _flush_locked(self, *, appends_held: bool = False) -> int:
         """Under the flush lock: commit the last logged operation of each id to LanceDB (delete, or upsert of its
@@ -810,6 +863,7 @@ class ColdStore:
         """Move every logged row (of any process) into LanceDB now; returns how many. Background flushes and close()
         do this anyway; bulk loaders and tests call it to see the table itself."""
         self._check_open()
+        self._check_writable()
         return self._flush_now()
 
     @contextmanager
@@ -827,9 +881,16 @@ class ColdStore:
         """Before a read that LanceDB serves: rows still in the log must be in the table. False when the flush failed
         (disk full, ...): the rows stay durable in the log (get() and the mirror answer from there), while where
         filters and LanceDB search paths answer without them until a flush succeeds (stats() reports
-        wal_last_error)."""
+        wal_last_error). A read-only store cannot flush: such a read then fails with ReadOnlyStore (stats() says
+        so instead), since it would miss the logged rows."""
         if self._wal is None or self._wal.pending_bytes() == 0:
             return True
+        if self._read_only:
+            raise ReadOnlyStore(
+                f"cold tier: {self._wal.pending_bytes()} bytes of writes at {self._path} are still only in its "
+                "write-ahead log, which a read-only process cannot move into the table that this read needs (where "
+                "filters, hybrid search past the log, stats): open the store writable once (or let its writer close "
+                "it), or search without where")
         try:
             self._flush_now()
             return True
@@ -856,19 +917,24 @@ class ColdStore:
 
     def delete(self, ids) -> int:
         """Delete rows by id; returns how many existed. Committed when this returns."""
+        return self.delete_rows(ids)[0]
+
+    def delete_rows(self, ids) -> tuple[int, Bump | None]:
+        """delete(), and what it did to the write generations (None when it deleted nothing, or without them)."""
         self._check_open()
+        self._check_writable()
         ids = check.check_ids(ids, allow_empty=True)
         if ids.size == 0:
-            return 0
+            return 0, None
         ids = np.unique(ids)
         if self._wal is not None and not self._lagging_reads:
-            deleted = self._delete_logged(ids)
-            if deleted is not None:
-                return deleted
+            done = self._delete_logged(ids)
+            if done is not None:
+                return done
         with self._direct_write():  # logged rows reach LanceDB first, so the delete covers them and none comes back
             return self._delete_committed(ids)
 
-    def _delete_logged(self, ids: np.ndarray) -> int | None:
+    def _delete_logged(self, ids: np.ndarray) -> tuple[int, Bump | None] | None:
         """Log the delete (durable once fdatasynced; the flusher commits it, ordered after every add logged before
         it). Counts the rows that existed from the mirror, which is exact under the append lock once in step with
         the table and the log. None without a mirror (nothing to count from): the caller commits directly."""
@@ -879,10 +945,12 @@ class ColdStore:
                 if self._mirror is None:
                     return None
                 deleted = int(self._mirror.positions(ids).shape[0])
-            if deleted == 0:
-                # Nothing to delete in the table or the log: no record. Unless the mirror's version lags (deferred
-                # while another writer works) and a write outside this store's log could hold the ids: commit directly.
-                return 0 if settled else None
+                if deleted == 0:
+                    # Nothing to delete in the table or the log: no record. Unless the mirror's version lags (deferred
+                    # while another writer works) and a write outside this store's log could hold the ids: commit
+                    # directly.
+                    return (0, None) if settled else None
+                bump = self._bump_locked(ids, None)
             try:
                 self._wal.append(encode_delete(ids))  # durable here (fdatasync)
             except Exception as exc:
@@ -892,11 +960,13 @@ class ColdStore:
             self._wal_unflushed += int(ids.shape[0])
         if self._wal_unflushed >= self._wal_flush_rows:
             self._flusher_wake.set()
-        return deleted
+        return deleted, bump
 
-    def _delete_committed(self, ids: np.ndarray) -> int:
+    def _delete_committed(self, ids: np.ndarray) -> tuple[int, Bump | None]:
         with self._lock:
             self._check_open()
+            self._sync_locked(defer=False)  # both log locks are ours: the mirror knows every earlier write
+            bump = self._bump_locked(ids, None)
             result = self._commit(f"delete {ids.size} rows", lambda: self._table.delete(f"id IN {sql_id_list(ids)}"))
             deleted = int(result.num_deleted_rows)
             self._after_own_write_locked(result.version, lambda m: m.remove(ids))
@@ -907,7 +977,7 @@ class ColdStore:
                 self._announce_locked(encode_delete(ids), f"log the delete of {ids.size} rows")
         if deleted and self._maintenance is not None:
             self._maintenance.note_writes()
-        return deleted
+        return deleted, bump
 
     # ---- reads ---------------------------------------------------------------------------------
     def search(self, vector, *, k: int, namespace: str | None = None, where: str | None = None,
@@ -1100,6 +1170,9 @@ class ColdStore:
                 choice = self._choice_record(ann, method, why)
                 del ann
                 self._adopt_exact_locked(choice, source="loaded")
+                if self._read_only:
+                    self._maybe_schedule_ann_locked()
+                    return
                 try:
                     with maintenance_lock(self._path, blocking=True, name=".faiss.lock"):
                         write_choice(self._ann_folder, {**choice, "table_version": self._mirror_version,
@@ -1179,8 +1252,10 @@ class ColdStore:
                     self._ann_builds += 1
                     self._ann_last_build_s = time.perf_counter() - t0
                 del ann
-                with self._ann_save_lock, maintenance_lock(self._path, blocking=True, name=".faiss.lock"):
-                    write_choice(self._ann_folder, {**choice, "table_version": self._mirror_version, "saved_at": time.time()})
+                if not self._read_only:
+                    with self._ann_save_lock, maintenance_lock(self._path, blocking=True, name=".faiss.lock"):
+                        write_choice(self._ann_folder, {**choice, "table_version": self._mirror_version,
+                                                        "saved_at": time.time()})
                 return
             with self._lock:
                 if self._closed:
@@ -1203,7 +1278,7 @@ class ColdStore:
     def _save_ann(self, *, force: bool) -> bool:
         """Publish the FAISS index beside the table (stamped with the table version it matches). Serialised under
         the store lock (a memory copy), written to disk outside it."""
-        if self._closed:
+        if self._closed or self._read_only:
             return False
         with self._ann_save_lock:
             with self._lock:
@@ -1392,6 +1467,7 @@ class ColdStore:
     def optimize(self) -> None:
         """Compact now and drop every old version (waits for another process's maintenance to finish)."""
         self._check_open()
+        self._check_writable()
         self._flush_now()
         if self._maintenance is not None:
             self._maintenance.wait_idle()
@@ -1507,7 +1583,10 @@ class ColdStore:
 
     def stats(self) -> dict:
         self._check_open()
-        self._flush_for_read()  # the table's figures below then count every row
+        try:
+            self._flush_for_read()  # the table's figures below then count every row
+        except ReadOnlyStore as exc:
+            self._wal_last_error = str(exc)
         with self._lock:
             self._check_open()
             self._sync_locked()

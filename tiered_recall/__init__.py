@@ -5,6 +5,7 @@ from .errors import (
     HotTierFull,
     IncompatibleLayout,
     InvalidInput,
+    ReadOnlyStore,
     SidecarError,
     SidecarUnavailable,
     StorageError,
@@ -16,7 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "TieredMemory", "Hit", "Memory", "ingest", "IngestSummary",
     "TieredRecallError", "InvalidInput", "SidecarUnavailable", "IncompatibleLayout", "HotTierFull",
-    "SidecarError", "StorageError", "__version__",
+    "SidecarError", "StorageError", "ReadOnlyStore", "__version__",
 ]
 
 

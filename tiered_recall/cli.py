@@ -26,6 +26,8 @@ console = Console()
 err_console = Console(stderr=True)
 
 STORE_HELP = "Store folder (created if missing)."
+HOT_CAPACITY_HELP = "Rows in the hot tier when this command starts its sidecar (default 100,000; a running one keeps its own)."
+READ_ONLY_HELP = "Open the store for search only (also chosen by itself, with a note, when the folder cannot be written)."
 DEVICE_HELP = "Hot tier: auto (CUDA when a GPU and the CUDA build are present), cpu, cuda, or none."
 SAMPLE_CONVERSATION = Path(__file__).resolve().parent / "data" / "sample_conversation.jsonl"
 
@@ -35,10 +37,15 @@ def _fail(error: Exception) -> None:
     raise typer.Exit(code=2)
 
 
-def _open(store: Path, device: str, embedder: str, hot_capacity: int):
+# How TieredMemory's messages name its options when this command line opened it.
+OPTION_FLAGS = {"device": "--device", "hot_capacity": "--hot-capacity", "read_only": "--read-only"}
+
+
+def _open(store: Path, device: str, embedder: str, hot_capacity: int | None, read_only: bool | None = None):
     from .memory import TieredMemory
 
-    return TieredMemory(store, device=device, embedder=embedder, hot_capacity=hot_capacity)
+    return TieredMemory(store, device=device, embedder=embedder, hot_capacity=hot_capacity, read_only=read_only,
+                        option_names=OPTION_FLAGS)
 
 
 def _age(created_at: datetime) -> str:
@@ -93,7 +100,7 @@ def add(
     store: Path = typer.Option(Path("./storage"), help=STORE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     embedder: str = typer.Option("wordllama", help="wordllama (default, offline) or minilm."),
-    hot_capacity: int = typer.Option(100_000, help="Rows in the hot tier (when this command starts it)."),
+    hot_capacity: Optional[int] = typer.Option(None, help=HOT_CAPACITY_HELP),
 ) -> None:
     """Remember TEXTS (durable on disk when this returns)."""
     try:
@@ -121,11 +128,12 @@ def search(
     store: Path = typer.Option(Path("./storage"), help=STORE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     embedder: str = typer.Option("wordllama", help="wordllama (default, offline) or minilm."),
-    hot_capacity: int = typer.Option(100_000, help="Rows in the hot tier (when this command starts it)."),
+    hot_capacity: Optional[int] = typer.Option(None, help=HOT_CAPACITY_HELP),
+    read_only: bool = typer.Option(False, "--read-only", help=READ_ONLY_HELP),
 ) -> None:
     """Search memories: a table of rank, score, tier, role, text and age."""
     try:
-        with _open(store, device, embedder, hot_capacity) as memory:
+        with _open(store, device, embedder, hot_capacity, True if read_only else None) as memory:
             t0 = time.perf_counter()
             hits = memory.search(query, k=k, namespace=namespace, where=where, hybrid=hybrid)
             elapsed = (time.perf_counter() - t0) * 1e3
@@ -145,7 +153,7 @@ def stats(
 ) -> None:
     """Rows per tier, namespaces and the sidecar's counters, as JSON."""
     try:
-        with _open(store, device, embedder, 100_000) as memory:
+        with _open(store, device, embedder, None) as memory:
             print(json.dumps(memory.stats(), indent=2, default=str))
     except TieredRecallError as error:
         _fail(error)
@@ -170,7 +178,7 @@ def ingest(
     store: Path = typer.Option(Path("./storage"), help=STORE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     embedder: str = typer.Option("wordllama", help="wordllama (default, offline) or minilm."),
-    hot_capacity: int = typer.Option(100_000, help="Rows in the hot tier (when this command starts it)."),
+    hot_capacity: Optional[int] = typer.Option(None, help=HOT_CAPACITY_HELP),
 ) -> None:
     """Ingest conversation logs; safe to re-run (nothing is added twice) and to kill (re-run resumes)."""
     from .ingest import ingest as run_ingest

@@ -26,5 +26,9 @@ class SidecarError(TieredRecallError):
     """The sidecar refused a request and said why (the message is the sidecar's own)."""
 
 
+class ReadOnlyStore(TieredRecallError):
+    """A write (or a read that needs one) on a store opened read-only; the message says how to open it writable."""
+
+
 class StorageError(TieredRecallError):
     """The cold tier (LanceDB / FAISS on disk) failed: disk full, corrupt table, permissions."""

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -19,12 +21,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .bounds import BoundIndex
+from .certificates import HotCertificates, Token, repair
 from .embedders import Embedder, resolve_embedder
-from .errors import InvalidInput, SidecarUnavailable, TieredRecallError
+from .errors import InvalidInput, ReadOnlyStore, SidecarUnavailable, TieredRecallError
 from .namespaces import namespace_hash, validate_namespace
 from .policies import LFU, HotSet, Policy, resolve_policy
 from .scoring import Scoring
 from .sidecar import HotTier, sidecar_executable, start_sidecar
+from .storage._generations import slot_of
+
+logger = logging.getLogger("tiered_recall")
 
 CONFIG_FILE = "tiered_recall.json"
 COLD_FOLDER = "cold"
@@ -37,6 +43,13 @@ RESYNC_EVERY_S = 2.0  # at most this often, rebuild hot-set tracking and bounds 
 # with other writers at work it costs O(store) every 2 s per process (an 8-process soak: py-spy found 6 of 8
 # workers inside it); until the next one, rule 2 is off for this process and searches read the cold tier.
 RESYNC_MAX_SHARE = 0.1
+# A repair of stale hot rows (another process wrote without this hot tier) reads the cold rows of the namespaces it
+# covers; while writes keep coming it cannot certify them, so it is retried at most this often and at most this
+# share of the time, like a resync.
+REPAIR_EVERY_S = 0.0
+REPAIR_MAX_SHARE = 0.1
+# How messages name the options of TieredMemory(...); the CLI passes its own flags.
+API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_only": "read_only"}
 RULES = ("complete", "bound", "threshold")
 _ROW_OVERHEAD_BYTES = 24  # id, namespace hash, created_at per hot row
 _MAX_ID = (1 << 63) - 1
@@ -167,6 +180,12 @@ def _per_row(value: Any, n: int, what: str, *, kind: type) -> list:
     return list(value)
 
 
+def sidecar_name_of(path: str | os.PathLike) -> str:
+    """The segment name of the sidecar every process opening the store at `path` shares."""
+    digest = hashlib.blake2b(str(Path(path).expanduser().resolve()).encode(), digest_size=8).hexdigest()
+    return f"store-{os.getuid()}-{digest}"
+
+
 def _gpu_visible() -> bool:
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
@@ -186,19 +205,25 @@ def _cuda_compiled() -> bool:
 class TieredMemory:
     """A memory store: a hot tier in a sidecar (GPU or CPU) over a durable LanceDB cold tier.
 
-    TieredMemory(path="./storage", *, dim=None, embedder="wordllama", hot_capacity=100_000, device="auto",
+    TieredMemory(path="./storage", *, dim=None, embedder="wordllama", hot_capacity=None, device="auto",
                  policy="lru", hot_capacity_bytes=None, rules=("complete", "bound"), confidence=None,
-                 scoring=None)
+                 scoring=None, read_only=None)
 
     path: folder of the store (created with mode 0700). dim: vector width; taken from the embedder
     or the existing store when None. embedder: "wordllama" (default, offline), "minilm", any
     callable texts -> (n, d) float32, or None to add and search raw vectors only. hot_capacity:
-    rows the hot tier keeps; hot_capacity_bytes: the same as a byte budget (vector + 24 bytes a
-    row; overrides hot_capacity). policy: "lru", "lfu", "recency", "namespace" (whole
+    rows the hot tier keeps (None: the running sidecar's, or 100,000 when this process starts it; a
+    value that differs from a running sidecar's is logged and reported in stats()["hot_warnings"]);
+    hot_capacity_bytes: the same as a byte budget (vector + 24 bytes a row; overrides hot_capacity). policy: "lru", "lfu", "recency", "namespace" (whole
     namespaces kept hot, for rule 1) or a tiered_recall.policies Policy (pinning included): which
     rows stay hot; evicted rows stay in the cold tier.
-    device: "auto" (CUDA when a GPU and the CUDA build are present, else CPU), "cpu", "cuda", or
-    "none" for no hot tier at all. Other processes opening the same path share the same sidecar.
+    device: "auto" (CUDA when a GPU and the CUDA build are present, else CPU; a hot tier that cannot
+    start is logged and the store serves from the cold tier), "cpu", "cuda" (an error when it cannot
+    be had), or "none" for no hot tier at all. Other processes opening the same path share the same
+    sidecar; every process's writes, with a hot tier or without, keep every search exact
+    (docs/skip-rules.md). read_only: True opens an existing store for search only (no hot tier;
+    writes raise ReadOnlyStore); None (default) does so by itself, with a log line, when the folder
+    cannot be written.
     rules: the skip rules tried in order ("complete", "bound"; both exact); confidence: a float
     enables rule 3 ("threshold"; approximate) on the hot k-th score. scoring: a
     tiered_recall.scoring.Scoring (recency weighting, metadata boosts) for the merged candidates.
@@ -209,17 +234,23 @@ class TieredMemory:
     """
 
     def __init__(self, path: str | os.PathLike = "./storage", *, dim: int | None = None,
-                 embedder: Any = "wordllama", hot_capacity: int = DEFAULT_HOT_CAPACITY, device: str = "auto",
+                 embedder: Any = "wordllama", hot_capacity: int | None = None, device: str = "auto",
                  timeout_s: float = 5.0, orphan_grace_s: float = ORPHAN_GRACE_S,
                  policy: str | Policy | None = "lru", hot_capacity_bytes: int | None = None,
                  rules: Sequence[str] = ("complete", "bound"), confidence: float | None = None,
-                 scoring: Scoring | None = None) -> None:
+                 scoring: Scoring | None = None, read_only: bool | None = None,
+                 option_names: dict[str, str] | None = None) -> None:
         from .storage import ColdStore  # lancedb is imported here, not at package import
 
+        self._option_names = {**API_OPTION_NAMES, **(option_names or {})}
         if device not in ("auto", "cpu", "cuda", "none"):
-            raise InvalidInput(f"device must be 'auto', 'cpu', 'cuda' or 'none', got {device!r}")
-        if isinstance(hot_capacity, bool) or not isinstance(hot_capacity, (int, np.integer)) or hot_capacity < 1:
-            raise InvalidInput(f"hot_capacity must be a positive int (rows), got {hot_capacity!r}")
+            raise InvalidInput(f"{self._opt('device')} must be 'auto', 'cpu', 'cuda' or 'none', got {device!r}")
+        if hot_capacity is not None and (isinstance(hot_capacity, bool) or not isinstance(
+                hot_capacity, (int, np.integer)) or hot_capacity < 1):
+            raise InvalidInput(f"{self._opt('hot_capacity')} must be a positive int (rows), got {hot_capacity!r}")
+        if read_only not in (None, True, False):
+            raise InvalidInput(f"{self._opt('read_only')} must be True, False or None (decided by whether the "
+                               f"folder can be written), got {read_only!r}")
         for what, value in (("timeout_s", timeout_s), ("orphan_grace_s", orphan_grace_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
                     or not np.isfinite(value) or value <= 0:
@@ -243,23 +274,36 @@ class TieredMemory:
         self.confidence = None if confidence is None else float(confidence)
         self.scoring = scoring if scoring is not None and scoring.active else None
         self.path = Path(path).expanduser().resolve()
-        try:
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InvalidInput(f"cannot create the store folder {self.path}: {exc}") from exc
+        self.read_only = self._settle_read_only(read_only)
+        self._hot_warnings: list[str] = []  # what the user asked of the hot tier and did not get (stats())
+        if self.read_only and device in ("cpu", "cuda"):
+            raise InvalidInput(f"the store at {self.path} is read-only, and a read-only store has no hot tier: "
+                               f"open it with {self._opt('device')}='none' (or 'auto'), or writable")
         self.embedder: Embedder | None = None if embedder is None else resolve_embedder(
             None if embedder == "wordllama" else embedder)
         self.dim = self._settle_config(dim)
-        self.device = device
+        self.device = "none" if self.read_only else device
+        if self.read_only and device == "auto":
+            logger.info("tiered-recall: the store at %s is read-only: searches are served by the cold tier", self.path)
+        if self.device == "cuda":
+            self._require_cuda()
+        self._requested_capacity = None if hot_capacity is None else int(hot_capacity)
         if hot_capacity_bytes is not None:
             elem = 2 if self._backend() == "cuda" else 4  # the sidecar stores f16 on CUDA, f32 on CPU
-            hot_capacity = max(1, int(hot_capacity_bytes) // (self.dim * elem + _ROW_OVERHEAD_BYTES))
-        self.hot_capacity = int(hot_capacity)
+            self._requested_capacity = max(1, int(hot_capacity_bytes) // (self.dim * elem + _ROW_OVERHEAD_BYTES))
+        self.hot_capacity = self._requested_capacity or DEFAULT_HOT_CAPACITY
         self.timeout_s = float(timeout_s)
         self.orphan_grace_s = float(orphan_grace_s)
-        self.cold = ColdStore(self.path / COLD_FOLDER, dim=self.dim)
-        digest = hashlib.blake2b(str(self.path).encode(), digest_size=8).hexdigest()
-        self.sidecar_name = f"store-{os.getuid()}-{digest}"
+        self.cold = ColdStore(self.path / COLD_FOLDER, dim=self.dim, read_only=self.read_only)
+        gens = self.cold.generations
+        self._certs: HotCertificates | None = None
+        if self.device != "none":
+            self._certs = HotCertificates(self.path, gens)
+        self._gens = gens
+        self._epoch = (0, 0)  # the attached sidecar's instance, which the certificates must name
+        self._writes_seen = -1  # the store's write count this process's bounds and hot set know of (-1: none)
+        self._next_repair = 0.0
+        self.sidecar_name = sidecar_name_of(self.path)
         self._lock = threading.RLock()
         self._hot: HotTier | None = None
         self._hot_owner_pid = 0
@@ -278,8 +322,63 @@ class TieredMemory:
         self._next_resync = 0.0
         self._tick = 0
         self._moves = {"inserted": 0, "promoted": 0, "evicted": 0, "sidecar_evicted": 0, "resyncs": 0,
-                       "bound_rebuilds": 0, "rewarms": 0}
-        self._ensure_hot()
+                       "bound_rebuilds": 0, "rewarms": 0, "repairs": 0}
+        try:
+            self._ensure_hot()
+            if self.device in ("cpu", "cuda") and self._hot is None:
+                raise SidecarUnavailable(f"the hot tier ({self._opt('device')}={self.device!r}) could not start: "
+                                         f"{self._hot_error}; open the store with {self._opt('device')}='auto' to go on "
+                                         "without it, or 'none'")
+        except BaseException:
+            self.cold.close()
+            if self._certs is not None:
+                self._certs.close()
+            raise
+        if self._hot is None and self.device == "auto":
+            self._warn(f"no hot tier: {self._hot_error}; searches are served by the cold tier (exact, slower), and "
+                       "the store tries again on later calls")
+
+    def _opt(self, name: str) -> str:
+        """How the caller spells option `name` (the API keyword, or the CLI's flag)."""
+        return self._option_names.get(name, name)
+
+    def _warn(self, message: str) -> None:
+        if message not in self._hot_warnings:
+            self._hot_warnings.append(message)
+            logger.warning("tiered-recall: %s", message)
+
+    def _settle_read_only(self, read_only: bool | None) -> bool:
+        """True/False as asked; None: whether the store folder can be written (made if missing), tried for real, so
+        a read-only mount and a folder of another user both count."""
+        if read_only:
+            if not (self.path / CONFIG_FILE).exists():
+                raise InvalidInput(f"no store at {self.path}: a read-only store must exist (open it writable once)")
+            return True
+        try:
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            probe = self.path / f".write-probe-{os.getpid()}-{threading.get_ident()}"
+            probe.touch()
+            probe.unlink()
+            return False
+        except OSError as exc:
+            if read_only is None and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) \
+                    and (self.path / CONFIG_FILE).exists():
+                logger.info("tiered-recall: %s cannot be written (%s): opened read-only", self.path, exc.strerror)
+                return True
+            raise InvalidInput(f"cannot write the store folder {self.path}: {exc}"
+                               + ("" if read_only is not None else
+                                  f"; to search an existing store, open it with {self._opt('read_only')}=True")) from exc
+
+    def _require_cuda(self) -> None:
+        """device='cuda' asked explicitly: an error, not a quiet CPU tier, when it cannot be had."""
+        if not _cuda_compiled():
+            why = "this installation was built without the CUDA backend (no nvcc at install time)"
+        elif not _gpu_visible():
+            why = "no GPU is visible (nvidia-smi sees none)"
+        else:
+            return
+        raise InvalidInput(f"{self._opt('device')}='cuda' but {why}: use {self._opt('device')}='auto' to fall back "
+                           f"to the CPU hot tier, or {self._opt('device')}='cpu'")
 
     # ---- set-up ------------------------------------------------------------------------------
 
@@ -346,8 +445,15 @@ class TieredMemory:
                                   backend=self._backend(), exit_when_orphaned_s=self.orphan_grace_s, detach=True)
                     hot = HotTier.attach(self.sidecar_name, dim=self.dim, timeout_s=self.timeout_s)
                     started = True
+                self._epoch = hot.instance
+                if not started:
+                    self._check_joined(hot)
                 if started or hot.hot_rows == 0:
                     self._warm(hot)
+                elif not self._certs.epoch_matches(self._epoch):
+                    # a sidecar no process of this version certified (or the file was removed): check every row
+                    repair(hot, self.cold, self._certs, self._epoch, None)
+                    self._moves["repairs"] += 1
                 self._hotset = HotSet(self.dim, hot.capacity)
                 self._resync(hot)
         except (TieredRecallError, OSError) as exc:
@@ -365,13 +471,27 @@ class TieredMemory:
                 return None
         return hot
 
+    def _check_joined(self, hot: HotTier) -> None:
+        """A sidecar another process started serves this store: say where it differs from what was asked."""
+        if self._requested_capacity is not None and hot.capacity != self._requested_capacity:
+            self._warn(f"{self._opt('hot_capacity')}={self._requested_capacity} was asked, but the store's running "
+                       f"sidecar (pid {hot.owner_pid}) holds {hot.capacity} rows; it keeps its size until every "
+                       "process has closed the store")
+        if self.device in ("cpu", "cuda") and hot.backend != self.device:
+            self._warn(f"{self._opt('device')}={self.device!r} was asked, but the store's running sidecar (pid "
+                       f"{hot.owner_pid}) serves from the {hot.backend}; it keeps it until every process has closed "
+                       "the store")
+
     def _warm(self, hot: HotTier) -> None:
         """Fills a fresh hot tier and publishes totals: the namespaces the policy keeps whole first
-        (Policy.warm_namespaces), then the most recent rows of the cold tier while there is room.
-        Under the write lock: a total read here and published after another process's add would
-        be stale, and rule 1 could call a namespace complete while a row is missing."""
+        (Policy.warm_namespaces), then the most recent rows of the cold tier while there is room; then
+        certifies it at the write generations read before the cold tier was. Under the write lock: a
+        total read here and published after another process's add would be stale."""
         with self._write_lock():
+            self._certs.invalidate()
+            snap = self._gens.snapshot()
             self._warm_locked(hot)
+            self._certs.certify_all(snap, self._epoch)
 
     def _warm_locked(self, hot: HotTier) -> None:
         counts = self.cold.namespace_counts()
@@ -404,8 +524,12 @@ class TieredMemory:
         return (int(h.owner_pid), int(h.upserted_rows), int(h.deleted_rows), int(h.evicted_rows), int(h.hot_rows))
 
     def _tracking_ok(self, hot: HotTier) -> bool:
-        """True while this process's hot set and bounds still describe the hot tier exactly."""
+        """True while this process's hot set and bounds still describe the hot tier exactly, and no other process
+        has written to the cold tier since they were read."""
         if not self._bounds.valid or self._expected is None or self._hotset is None or self._backlog:
+            return False
+        if self._gens.writes() != self._writes_seen:
+            self._bounds.valid = False
             return False
         sig = self._signature(hot)
         if sig[:4] != self._expected or sig[4] != len(self._hotset):
@@ -429,6 +553,7 @@ class TieredMemory:
 
     def _resync_now(self, hot: HotTier) -> None:
         self._moves["resyncs"] += 1
+        self._writes_seen = self._gens.writes()  # before the cold tier is read: a write after it shows as a change
         self._bounds.clear()
         if self._hotset is None or self._hotset.capacity != hot.capacity:
             self._hotset = HotSet(self.dim, hot.capacity)
@@ -448,6 +573,7 @@ class TieredMemory:
                 before, rows, present, after = self._hot_membership(hot)
                 if before == after and int(present.sum()) != after[4]:
                     self._moves["rewarms"] += 1
+                    self._certs.invalidate()
                     hot.clear()
                     self._warm(hot)
                     before, rows, present, after = self._hot_membership(hot)
@@ -585,9 +711,10 @@ class TieredMemory:
         self._moves["evicted"] += len(victims)
         # rows that stay cold-only (including a replaced vector of an id that was cold-only)
         self._bounds.discard(int(i) for i in ids)
-        for j in np.flatnonzero(~place):
-            if int(ids[j]) in hs:  # an old copy is hot but the new one is not placed: drop the stale copy
-                self._hot_delete(hot, [int(ids[j])])
+        unplaced = np.flatnonzero(~place)
+        if unplaced.size:  # an old copy may be hot (placed by any process) while the new one is not: it must go
+            self._hot_delete(hot, [int(ids[j]) for j in unplaced])
+        for j in unplaced:
             self._fold_cold(namespaces[j], [int(ids[j])], vecs[j:j + 1], [int(created[j])])
         sel = np.flatnonzero(place)
         if sel.size == 0:
@@ -762,27 +889,49 @@ class TieredMemory:
                 except (TypeError, ValueError) as exc:
                     raise InvalidInput(f"metadata[{i}] is not JSON-serialisable ({exc}): keep to str/int/float/bool/list/dict") from None
         created = _timestamps_us(created_at, n)
-        h = namespace_hash(namespace)
 
-        def to_hot(hot: HotTier, total: int) -> bool:
-            self.policy.set_sizes({namespace: total})
-            hot.set_namespace_totals({h: total})  # before the rows: a reader sees hot < total, asks cold
+        def to_hot(hot: HotTier, totals: dict[str, int]) -> bool:
+            self.policy.set_sizes(totals)
+            self._publish_totals(hot, totals)  # before the rows: a reader sees hot < total, asks cold
             self._place(hot, id_arr, vecs, [namespace] * n, created)
             return True
 
+        self._check_writable()
         with self._lock, self._write_lock():
-            self.cold.add(ids=id_arr, vectors=vecs, namespaces=[namespace] * n, texts=text_list, sessions=sessions,
-                          roles=roles, created_at_us=created, metadata=metas)
+            bump = self.cold.add(ids=id_arr, vectors=vecs, namespaces=[namespace] * n, texts=text_list,
+                                 sessions=sessions, roles=roles, created_at_us=created, metadata=metas)
             self._tick += 1
             for i in range(n):
                 self._remember(Memory(int(id_arr[i]), text_list[i], namespace, sessions[i], roles[i],
                                       _to_datetime(int(created[i])), metas[i] or {}))
-            total = self.cold.count(namespace)
-            if self._hot_call(lambda hot: to_hot(hot, total)) is None and self.device != "none":
+            # the namespace written into, and those an upsert moved rows out of
+            touched = {namespace} | set(bump.namespaces or ()) if bump is not None else {namespace}
+            totals = {ns: self.cold.count(ns) for ns in touched}
+            done = self._hot_call(lambda hot: to_hot(hot, totals)) is not None
+            if not done and self.device != "none":
                 self._backlog.update(int(i) for i in id_arr)
                 self._bounds.discard(int(i) for i in id_arr)
                 self._fold_cold(namespace, id_arr, vecs, created)  # cold-only until the backlog is flushed
+            self._after_own_write(bump, hot_side_done=done)
         return [int(i) for i in id_arr]
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStore(f"the store at {self.path} is open read-only ({self._opt('read_only')}=True, or its "
+                                "folder cannot be written): open it writable to add or delete")
+
+    def _after_own_write(self, bump, *, hot_side_done: bool) -> None:
+        """After this process's write (under the write lock): certificates that were current stay current when the
+        hot tier got its side of the write in full; the bounds and hot set stay valid when no other process's write
+        came between (the write generations say both)."""
+        if bump is None:
+            return
+        if hot_side_done and self._certs is not None and self._hot is not None:
+            self._certs.advance(bump, self._epoch)
+        if self._writes_seen == bump.writes_before:
+            self._writes_seen = bump.writes_before + 1
+        else:
+            self._invalidate()
 
     def _write_lock(self, *, wait: bool = True):
         """Serialises commit-then-publish of namespace totals across processes, so the published
@@ -835,19 +984,21 @@ class TieredMemory:
         id_arr = _check_ids(ids)
         if id_arr.size == 0:
             return 0
+        self._check_writable()
         with self._lock, self._write_lock():
             # the namespaces of the rows, from the cold tier's in-memory mirror: a LanceDB query here
             # would lengthen the section every writing process waits for (benchmarks/soak.py)
             namespaces = set(self.cold.vectors_of(id_arr)["namespace"])
-            self._hot_call(lambda hot: self._hot_delete(hot, [int(i) for i in id_arr]))
+            hot_done = self._hot_call(lambda hot: self._hot_delete(hot, [int(i) for i in id_arr]) or True) is not None
             self._bounds.discard(int(i) for i in id_arr)
-            deleted = self.cold.delete(id_arr)
+            deleted, bump = self.cold.delete_rows(id_arr)
             for i in id_arr:
                 self._cache.pop(int(i), None)
                 self._backlog.discard(int(i))
-            counts = {ns: self.cold.count(ns) for ns in namespaces}
+            counts = {ns: self.cold.count(ns) for ns in namespaces | set(bump.namespaces or () if bump else ())}
             self.policy.set_sizes(counts)
-            self._hot_call(lambda hot: self._publish_totals(hot, counts))
+            published = self._hot_call(lambda hot: self._publish_totals(hot, counts) or True) is not None
+            self._after_own_write(bump, hot_side_done=hot_done and published)
         return int(deleted)
 
     # ---- reads -------------------------------------------------------------------------------
@@ -973,17 +1124,22 @@ class TieredMemory:
             hot_ids: np.ndarray = np.empty(0, dtype=np.int64)
             hot_scores: np.ndarray = np.empty(0, dtype=np.float32)
             rule = "no-hot"
+            stale = False
             if hot is not None and where is None:
                 try:
-                    res = hot.search(q, k=min(fetch, hot.max_k),
-                                     namespace_hash=None if namespace is None else namespace_hash(namespace))
+                    ns_hash = None if namespace is None else namespace_hash(namespace)
+                    # The certificate is read before the hot answer and checked again after it and its counts:
+                    # a write that began in between (any process's) sends this search to the cold tier.
+                    token = self._certs.check(None if ns_hash is None else slot_of(ns_hash), self._epoch)
+                    res = hot.search(q, k=min(fetch, hot.max_k), namespace_hash=ns_hash)
                     hot_ids, hot_scores = res.ids[0, : res.hits], res.scores[0, : res.hits]
                     rule = "cold"
-                    if "complete" in self.rules and self._hot_is_complete(hot, namespace):
+                    if token is not None and "complete" in self.rules and self._hot_is_complete(hot, namespace):
                         rule = "complete"
                     elif "bound" in self.rules or "threshold" in self.rules:
                         hot_kth, unfetched = self._hot_kth(hot_ids, hot_scores, k, min(fetch, hot.max_k), now_us)
-                        if "bound" in self.rules and self._tracking_ok(hot) and self._counts_agree(hot, namespace):
+                        if "bound" in self.rules and token is not None and self._tracking_ok(hot) \
+                                and self._counts_agree(hot, namespace):
                             cold_bound = self._cold_bound(q, namespace, now_us)
                             margin = 1e-5 if hot.dtype == "f32" else 2e-3
                             ceiling = max(cold_bound, unfetched)
@@ -992,6 +1148,9 @@ class TieredMemory:
                         if rule == "cold" and "threshold" in self.rules and hot_kth is not None \
                                 and hot_kth >= self.confidence:
                             rule = "threshold"
+                    stale = token is None or not self._certs.still(token)
+                    if stale and rule != "cold":  # even the approximate rule: stale rows may be gone or moved
+                        rule = "cold"
                 except SidecarUnavailable as exc:
                     self._drop_hot(str(exc))
                     hot, rule = None, "no-hot"
@@ -1002,8 +1161,9 @@ class TieredMemory:
                 path = "hot+cold" if rule == "cold" else "cold"
                 cold_ids, cold_scores = self.cold.search(q, k=fetch, namespace=namespace, where=where)
                 best: dict[int, tuple[float, str]] = {int(i): (float(s), "cold") for i, s in zip(cold_ids, cold_scores)}
-                for i, s in zip(hot_ids, hot_scores):
-                    best[int(i)] = (float(s), "hot")  # the hot copy wins
+                if not stale:  # certified hot rows are copies of cold ones; uncertified ones may be gone or old
+                    for i, s in zip(hot_ids, hot_scores):
+                        best[int(i)] = (float(s), "hot")  # the hot copy wins
                 merged = [(s, i, tier) for i, (s, tier) in best.items()]
             found = self._memories(i for _, i, _ in merged)
             if scoring is not None:
@@ -1014,6 +1174,8 @@ class TieredMemory:
                 half_life = self.policy.half_life if isinstance(self.policy, LFU) else None
                 self._hotset.use((i for _, i, tier in merged if tier == "hot"), self._tick, half_life)
             if path == "hot+cold" and hot is not None:
+                if stale:
+                    self._repair(namespace)
                 if namespace is not None and self.policy.whole_namespace(namespace, self._tick, hot.capacity):
                     self._promote_namespace(namespace)
                 elif self.policy.promote:
@@ -1083,6 +1245,31 @@ class TieredMemory:
             self._hot_error = str(exc)
             self._invalidate()
 
+    def _repair(self, namespace: str | None) -> None:
+        """On the cold path of a search that found its slot stale (another process wrote to the cold tier without
+        this hot tier, or a write's hot side failed): brings the hot rows of the slot's namespaces (all of them, for
+        a search over every namespace) back in line with the cold tier and certifies them (certificates.repair).
+        Skipped while a writer holds the lock, like a promotion, and paced like a resync."""
+        hot = self._hot
+        if hot is None or time.monotonic() < self._next_repair:
+            return
+        slot = None if namespace is None else slot_of(namespace_hash(namespace))
+        with self._write_lock(wait=False) as got:
+            if not got or self._certs.check(slot, self._epoch) is not None:
+                return  # a writer is at work, or another process repaired it meanwhile
+            started = time.monotonic()
+            try:
+                repair(hot, self.cold, self._certs, self._epoch, slot)
+            except SidecarUnavailable as exc:
+                self._drop_hot(str(exc))
+            except TieredRecallError as exc:
+                self._hot_error = str(exc)
+            finally:
+                self._moves["repairs"] += 1
+                self._invalidate()  # the repair moved rows under this process's hot set: resync before rule 2
+                took = time.monotonic() - started
+                self._next_repair = started + max(REPAIR_EVERY_S, took / REPAIR_MAX_SHARE)
+
     def _promote(self, ids: list[int]) -> None:
         """Cold hits move into the hot tier (the policy makes room)."""
         if not ids:
@@ -1131,6 +1318,9 @@ class TieredMemory:
             "hot_capacity": int(hot.capacity) if hot is not None else 0,
             "hot_backend": hot.backend if hot is not None else None,
             "hot_error": self._hot_error if hot is None else None,
+            "hot_warnings": list(self._hot_warnings),
+            "read_only": self.read_only,
+            "hot_certified": (hot is not None and self._certs.check(None, self._epoch) is not None),
             "namespaces": self.cold.namespace_counts(),
             "searches": searches,
             "hot_hit_rate": (hot_only / searches) if searches else None,
@@ -1162,6 +1352,8 @@ class TieredMemory:
             self._hot.close()
             self._hot = None
         self.cold.close()
+        if self._certs is not None:
+            self._certs.close()
 
     def __enter__(self) -> "TieredMemory":
         return self

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 
 from .errors import InvalidInput
 
@@ -23,7 +24,14 @@ def validate_namespace(namespace: str) -> str:
 
 
 def namespace_hash(namespace: str) -> int:
-    """Stable unsigned 64-bit hash of a namespace name; never 0 (0 means 'no filter' nowhere, but keep it free)."""
+    """Stable unsigned 64-bit hash of a namespace name; never 0 (0 means 'no filter' nowhere, but keep it free).
+    Cached: every search of a namespace asks for it, and a repair of the hot tier for every namespace."""
+    if type(namespace) is not str:
+        validate_namespace(namespace)  # raises with the reason (and keeps unhashable values out of the cache)
+    return _hash(namespace)
+
+
+@lru_cache(maxsize=1 << 16)
+def _hash(namespace: str) -> int:
     digest = hashlib.blake2b(validate_namespace(namespace).encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    value = int.from_bytes(digest, "little")
-    return value or 1
+    return int.from_bytes(digest, "little") or 1

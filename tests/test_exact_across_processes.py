@@ -1,0 +1,113 @@
+"""Exactness across processes: a writer without a hot tier, or one whose hot side failed, never leaves another
+process's hot tier answering from stale rows or counts (the certificates of docs/skip-rules.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.lancedb
+
+DIM = 16
+
+
+def unit(rng: np.random.Generator, n: int) -> np.ndarray:
+    x = rng.standard_normal((n, DIM)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def run_writer(path, script: str) -> None:
+    """Runs `script` in a fresh interpreter with `memory` opened on the store with device='none'."""
+    code = textwrap.dedent(f"""
+        import json, numpy as np
+        from tiered_recall import TieredMemory
+        with TieredMemory({str(path)!r}, dim={DIM}, embedder=None, device="none") as memory:
+        """) + textwrap.indent(textwrap.dedent(script), "    ")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_writer_without_a_hot_tier_is_seen_by_a_hot_reader(open_memory, tmp_path):
+    """The issue's scenario: A (hot tier) adds one memory and searches; B (device='none', another process) adds two
+    more to the namespace. A's next search, and a freshly opened reader's, return all three; the rule that decided
+    is not "complete" until the hot tier was brought back in line."""
+    rng = np.random.default_rng(1)
+    vectors = unit(rng, 3)
+    path = tmp_path / "store"
+    a = open_memory(path, hot_capacity=64)
+    a.add(vectors=vectors[:1], texts=["one"], namespace="n", ids=[1])
+    report = a.search(vectors[0], k=10, namespace="n", explain=True)
+    assert [h.id for h in report.hits] == [1] and report.rule == "complete"
+    run_writer(path, f"memory.add(vectors=np.array({vectors[1:].tolist()}, dtype=np.float32), texts=['two', 'three'],"
+                     " namespace='n', ids=[2, 3])")
+    assert a.count("n") == 3
+    report = a.search(vectors[0], k=10, namespace="n", explain=True)
+    assert sorted(h.id for h in report.hits) == [1, 2, 3]
+    assert report.rule == "cold"  # the certificate of the namespace's slot was stale: the cold tier was asked
+    # a fresh reader attached to the same sidecar gets the same answer
+    b = open_memory(path, hot_capacity=64)
+    assert sorted(h.id for h in b.search(vectors[0], k=10, namespace="n")) == [1, 2, 3]
+    # after the repair on that cold path, the hot tier answers exactly again
+    again = a.search(vectors[2], k=10, namespace="n", explain=True)
+    assert sorted(h.id for h in again.hits) == [1, 2, 3]
+
+
+def test_cold_only_delete_and_upsert_never_come_back_from_the_hot_tier(open_memory, tmp_path):
+    """The case counts alone cannot catch: B (no hot tier) deletes one hot row and adds another, so the namespace's
+    row count is unchanged; then B moves a vector (upsert of an existing id). A must not return the deleted row,
+    must find the new one, and must score the moved row by its new vector."""
+    rng = np.random.default_rng(2)
+    vectors = unit(rng, 6)
+    path = tmp_path / "store"
+    a = open_memory(path, hot_capacity=64)
+    a.add(vectors=vectors[:3], texts=["a", "b", "c"], namespace="n", ids=[1, 2, 3])
+    assert a.search(vectors[0], k=10, namespace="n", explain=True).rule == "complete"
+    run_writer(path, f"""
+        memory.delete([1])
+        memory.add(vectors=np.array([{vectors[3].tolist()}], dtype=np.float32), texts=['d'], namespace='n', ids=[4])
+        memory.add(vectors=np.array([{vectors[4].tolist()}], dtype=np.float32), texts=['b2'], namespace='n', ids=[2])
+        """)
+    for q in (vectors[0], vectors[4], vectors[3]):
+        hits = a.search(q, k=10, namespace="n")
+        assert sorted(h.id for h in hits) == [2, 3, 4]
+        scores = {h.id: h.score for h in hits}
+        assert scores[2] == pytest.approx(float(vectors[4] @ q), abs=1e-5)  # the new vector of id 2
+    assert a.search(vectors[4], k=1, namespace="n", explain=True).rule == "complete"  # repaired and certified
+
+
+def test_whole_store_search_is_exact_after_a_cold_only_write(open_memory, tmp_path):
+    rng = np.random.default_rng(3)
+    vectors = unit(rng, 4)
+    path = tmp_path / "store"
+    a = open_memory(path, hot_capacity=64)
+    a.add(vectors=vectors[:2], texts=["a", "b"], namespace="x", ids=[1, 2])
+    assert a.search(vectors[0], k=10, explain=True).rule == "complete"
+    run_writer(path, f"memory.add(vectors=np.array([{vectors[2].tolist()}], dtype=np.float32), texts=['c'], "
+                     "namespace='y', ids=[3]); memory.delete([2])")
+    report = a.search(vectors[0], k=10, explain=True)
+    assert sorted(h.id for h in report.hits) == [1, 3] and report.rule != "complete"
+    report = a.search(vectors[2], k=10, explain=True)
+    assert sorted(h.id for h in report.hits) == [1, 3]
+
+
+def test_a_failed_hot_side_leaves_the_namespace_uncertified(open_memory, tmp_path, monkeypatch):
+    """A writer whose hot-tier delete failed (the sidecar refused it) must not leave readers trusting the hot row."""
+    from tiered_recall.errors import SidecarError
+    from tiered_recall.sidecar import HotTier
+
+    rng = np.random.default_rng(4)
+    vectors = unit(rng, 2)
+    a = open_memory(tmp_path / "store", hot_capacity=64)
+    a.add(vectors=vectors, texts=["a", "b"], namespace="n", ids=[1, 2])
+
+    def refuse(self, ids):
+        raise SidecarError("refused for the test")
+
+    monkeypatch.setattr(HotTier, "delete", refuse)
+    a.delete([1])
+    monkeypatch.undo()
+    report = a.search(vectors[0], k=10, namespace="n", explain=True)
+    assert [h.id for h in report.hits] == [2] and report.rule == "cold"
