@@ -2,7 +2,6 @@
 process's hot tier answering from stale rows or counts (the certificates of docs/skip-rules.md)."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap

@@ -3,7 +3,6 @@ deletes, reopens, sidecar kills and searches, each search checked against exact 
 A failure prints the seed and the operation log; benchmarks/interleavings.py runs the same for longer."""
 from __future__ import annotations
 
-import os
 
 import pytest
 

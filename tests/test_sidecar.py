@@ -154,12 +154,13 @@ def test_upsert_replaces_delete_removes_and_counts(start):
 
 
 
-def test_list_ids_pages_through_every_row_and_filters_by_namespace(start):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_list_ids_pages_through_every_row_and_filters_by_namespace(start, backend):
     """LIST_IDS (the coordinator's repair of a stale namespace reads it) returns each hot row once, across pages,
     and only the asked namespace's rows when filtered; deletes and moves between namespaces show at once."""
     rng = np.random.default_rng(11)
     dim, n = 4, 70_000  # more ids than one 256 KiB slot holds (32,767), so the listing takes three pages
-    _, hot = start(dim=dim, capacity=n)
+    _, hot = start(dim=dim, capacity=n, backend=backend)
     ids = rng.choice(10**15, size=n, replace=False).astype(np.int64)
     ns = np.where(np.arange(n) % 7 == 0, 5, 6).astype(np.uint64)
     for lo in range(0, n, 10_000):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,13 +34,10 @@ _FILE_BYTES = 8 * (FIRST_SLOT_WORD + SLOTS)
 WHOLE_STORE = -1  # the slot of a token for a search over every namespace
 
 
-@dataclass(frozen=True)
-class Token:
-    """What a certified read saw: valid as long as `HotCertificates.still(token)` says so."""
-
-    slot: int  # WHOLE_STORE for a search over every namespace
-    generation: int  # the slot's generation, or the store's writes for WHOLE_STORE
-    unplaced: int
+# What a certified read saw, valid as long as `HotCertificates.still(token)` says so: (slot, or WHOLE_STORE for a
+# search over every namespace; the slot's generation, or the store's writes; the unplaced writes). A plain tuple:
+# it is made on every search.
+Token = tuple
 
 
 class HotCertificates:
@@ -77,18 +73,19 @@ class HotCertificates:
             return None
         if slot is None:
             writes = g[WORD_WRITES]
-            return Token(WHOLE_STORE, writes, 0) if c[_CERT_WRITES] == writes else None
+            return (WHOLE_STORE, writes, 0) if c[_CERT_WRITES] == writes else None
         generation, unplaced = g[FIRST_SLOT_WORD + slot], g[WORD_UNPLACED]
         if c[FIRST_SLOT_WORD + slot] != generation or c[_CERT_UNPLACED] != unplaced:
             return None
-        return Token(slot, generation, unplaced)
+        return slot, generation, unplaced
 
     def still(self, token: Token) -> bool:
         """No write began since the token was taken (read after the hot answer and its counts)."""
         g = self._g
-        if token.slot == WHOLE_STORE:
-            return g[WORD_WRITES] == token.generation
-        return g[FIRST_SLOT_WORD + token.slot] == token.generation and g[WORD_UNPLACED] == token.unplaced
+        slot, generation, unplaced = token
+        if slot == WHOLE_STORE:
+            return g[WORD_WRITES] == generation
+        return g[FIRST_SLOT_WORD + slot] == generation and g[WORD_UNPLACED] == unplaced
 
     def epoch_matches(self, epoch: tuple[int, int]) -> bool:
         return self._c[_EPOCH_PID] == epoch[0] and self._c[_EPOCH_STARTED] == epoch[1]

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .bounds import BoundIndex
-from .certificates import HotCertificates, Token, repair
+from .certificates import HotCertificates, repair
 from .embedders import Embedder, resolve_embedder
 from .errors import InvalidInput, ReadOnlyStore, SidecarUnavailable, TieredRecallError
 from .namespaces import namespace_hash, validate_namespace

@@ -228,7 +228,8 @@ def run(path: Path, *, seed: int, ops: int, workers: int = 3, devices: tuple[str
     names = ("add", "upsert", "delete", "search", "reopen", "kill_sidecar")
     base = np.array([getattr(mix, n) for n in names], float)
     # the devices in turn from a drawn start, so each is held by about as many workers as the others
-    start = int(rng.integers(len(devices)))
+    # (CUDA first when asked for: the first worker starts the store's sidecar, and a CUDA one is the point then)
+    start = devices.index("cuda") if "cuda" in devices else int(rng.integers(len(devices)))
     drawn = [devices[(start + i) % len(devices)] for i in range(workers)]
     # "namespace" keeps whole namespaces hot, so rule 1 answers often; the others promote hits one by one
     policies = [str(rng.choice(["namespace", "namespace", "lru", "lfu"])) for _ in range(workers)]
