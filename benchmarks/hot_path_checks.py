@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,28 +51,23 @@ def main() -> int:
     import tiered_recall
     from tiered_recall import TieredMemory
 
-    try:
-        rev = subprocess.run(["git", "-C", str(Path(tiered_recall.__file__).parent), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except OSError:
-        rev = ""
     rng = np.random.default_rng(7)
     queries = unit(rng, args.queries, args.dim)
-    out = {"label": args.label, "rev": rev, "device": args.device, "dim": args.dim, "rows": args.rows}
+    out = {"label": args.label, "package": str(Path(tiered_recall.__file__).parent), "device": args.device,
+           "dim": args.dim, "rows": args.rows}
     with tempfile.TemporaryDirectory(prefix="tr-hot-path-") as tmp:
         memory = TieredMemory(Path(tmp) / "store", dim=args.dim, embedder=None, device=args.device,
                               hot_capacity=args.rows + 1024, timeout_s=60.0)
         try:
             out["empty"] = timed(memory, queries, "n", args.warmup)
-            if args.rows == 0:
-                return print(json.dumps(out)) or 0
-            t0 = time.perf_counter()
-            for lo in range(0, args.rows, 5000):
-                m = min(5000, args.rows - lo)
-                memory.add(vectors=unit(rng, m, args.dim), texts=["t"] * m, namespace="n",
-                           ids=np.arange(lo + 1, lo + m + 1))
-            out["load_s"] = time.perf_counter() - t0
-            out[f"rows_{args.rows}"] = timed(memory, queries, "n", args.warmup)
+            if args.rows:
+                t0 = time.perf_counter()
+                for lo in range(0, args.rows, 5000):
+                    m = min(5000, args.rows - lo)
+                    memory.add(vectors=unit(rng, m, args.dim), texts=["t"] * m, namespace="n",
+                               ids=np.arange(lo + 1, lo + m + 1))
+                out["load_s"] = time.perf_counter() - t0
+                out[f"rows_{args.rows}"] = timed(memory, queries, "n", args.warmup)
             out["hot_backend"] = memory.stats()["hot_backend"]
         finally:
             memory.close()
