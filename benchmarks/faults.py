@@ -38,7 +38,7 @@ def _unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
 
 
 def _open(store: Path, device: str = "cpu"):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     return TieredMemory(store, dim=DIM, embedder=None, device=device, hot_capacity=200_000, timeout_s=2.0,
                         orphan_grace_s=2.0)
@@ -303,7 +303,7 @@ def _ingest_cmd(data: Path, store: Path, batch: int) -> list[str]:
 
 
 def _snapshot(store: Path) -> dict[int, tuple]:
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     with TieredMemory(store, device="none", embedder=None) as m:  # no model load: only rows are read
         table = m.cold._table.to_arrow() if hasattr(m.cold, "_table") else None

@@ -168,7 +168,7 @@ def run_config(*, data_file: Path, embedder: Embedder, template: str, context_tu
             for i, ranking in zip(indices, sink.search_dia_ids(query_vectors, namespace=conversation, k=k_max)):
                 retrieved[i] = ranking
     else:
-        from tiered_recall.memory import TieredMemory  # the coordinator; present once it is merged
+        from tiered_recall import TieredMemory
 
         with tempfile.TemporaryDirectory(prefix="locomo-recall-") as folder:
             memory = TieredMemory(folder, embedder=embedder, device="cpu")

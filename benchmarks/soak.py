@@ -36,7 +36,7 @@ Finally, after every process has closed the store: is the sidecar gone, is /dev/
 GPU memory (or "no GPU").
 
 Where a mixed operation's time goes: count, total and mean ms per kind, and the store's cross-process write lock
-(TieredMemory._write_lock, timed from outside): total wait, total held, mean held per add and per delete, and
+(TieredMemory._write_lock.held, timed from outside): total wait, total held, mean held per add and per delete, and
 the share of wall time some process held it. A share near 1.0 means the run is bound by the serialised write
 section (commit + cross-process sync), not by searches or the soak. --profile DIR writes a cProfile per worker;
 --tracemalloc N prints, per worker, the Python allocations the last four fifths of its run left behind, by stack;
@@ -116,7 +116,7 @@ def _cap_lance_caches() -> None:
 
 
 def _open(store: Path):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     _cap_lance_caches()
     return TieredMemory(store, embedder=embed, device=DEVICE, hot_capacity=20_000, timeout_s=5.0, orphan_grace_s=2.0)
@@ -276,11 +276,11 @@ class _Mix:
         self._watch_write_lock()
 
     def _watch_write_lock(self) -> None:
-        """Times the store's cross-process write lock (private: TieredMemory._write_lock): how long a write
+        """Times the store's cross-process write lock (private: TieredMemory._write_lock.held): how long a write
         waits for other processes' writes, and how long it holds the lock (what every writer queues behind)."""
         import contextlib
 
-        inner = self.memory._write_lock
+        inner = self.memory._write_lock.held
 
         @contextlib.contextmanager
         def timed(**kwargs):
@@ -295,7 +295,7 @@ class _Mix:
                         self.lock_held_s[self.kind] += time.perf_counter() - t1
                         self.lock_n[self.kind] += 1
 
-        self.memory._write_lock = timed
+        self.memory._write_lock.held = timed
 
     def reattach(self, memory) -> None:
         """Carries on with a reopened store (same worker, rows and counters)."""
@@ -642,7 +642,7 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
         from tiered_recall.ingest import ingest
 
         ingest([str(chat)], memory=memory, namespace="chat", progress=False)
-        sidecar = memory._hot.owner_pid if memory._hot is not None else 0
+        sidecar = memory._link.hot.owner_pid if memory._link.hot is not None else 0
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         warm_b, done_b, close_b = (ctx.Barrier(processes + 1) for _ in range(3))

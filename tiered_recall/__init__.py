@@ -15,7 +15,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "TieredMemory", "Hit", "Memory", "ingest", "IngestSummary",
+    "TieredMemory", "Hit", "Memory", "SearchReport", "ingest", "IngestSummary",
     "TieredRecallError", "InvalidInput", "SidecarUnavailable", "IncompatibleLayout", "HotTierFull",
     "SidecarError", "StorageError", "ReadOnlyStore", "__version__",
 ]
@@ -23,10 +23,10 @@ __all__ = [
 
 def __getattr__(name: str):
     # Imported on first use: the hot-tier client and benchmarks stay free of lancedb and wordllama.
-    if name in ("TieredMemory", "Hit", "Memory"):
-        from . import memory
+    if name in ("TieredMemory", "Hit", "Memory", "SearchReport"):
+        from . import coordinator
 
-        return getattr(memory, name)
+        return getattr(coordinator, name)
     if name in ("ingest", "IngestSummary"):
         import importlib
 

@@ -25,7 +25,7 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-STORE_HELP = "Store folder (created if missing)."
+STORE_HELP = "Store folder, created if missing (default: your own store, in the platform's user data folder)."
 HOT_CAPACITY_HELP = "Rows in the hot tier when this command starts its sidecar (default 100,000; a running one keeps its own)."
 READ_ONLY_HELP = "Open the store for search only (also chosen by itself, with a note, when the folder cannot be written)."
 DEVICE_HELP = "Hot tier: auto (CUDA when a GPU and the CUDA build are present), cpu, cuda, or none."
@@ -41,8 +41,8 @@ def _fail(error: Exception) -> None:
 OPTION_FLAGS = {"device": "--device", "hot_capacity": "--hot-capacity", "read_only": "--read-only"}
 
 
-def _open(store: Path, device: str, embedder: str, hot_capacity: int | None, read_only: bool | None = None):
-    from .memory import TieredMemory
+def _open(store: Path | None, device: str, embedder: str, hot_capacity: int | None, read_only: bool | None = None):
+    from .coordinator import TieredMemory
 
     return TieredMemory(store, device=device, embedder=embedder, hot_capacity=hot_capacity, read_only=read_only,
                         option_names=OPTION_FLAGS)
@@ -97,7 +97,7 @@ def add(
     session: Optional[str] = typer.Option(None, help="Session or conversation id."),
     role: Optional[str] = typer.Option(None, help="Who said it (user, assistant, a name)."),
     metadata: Optional[str] = typer.Option(None, help="JSON object stored with each memory."),
-    store: Path = typer.Option(Path("./storage"), help=STORE_HELP),
+    store: Optional[Path] = typer.Option(None, help=STORE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     embedder: str = typer.Option("wordllama", help="wordllama (default, offline) or minilm."),
     hot_capacity: Optional[int] = typer.Option(None, help=HOT_CAPACITY_HELP),
@@ -125,7 +125,7 @@ def search(
     where: Optional[str] = typer.Option(None, help="SQL filter, e.g. \"role = 'user'\"."),
     hybrid: bool = typer.Option(False, "--hybrid", help="Fuse BM25 keyword ranking with the vector ranking."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    store: Path = typer.Option(Path("./storage"), help=STORE_HELP),
+    store: Optional[Path] = typer.Option(None, help=STORE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     embedder: str = typer.Option("wordllama", help="wordllama (default, offline) or minilm."),
     hot_capacity: Optional[int] = typer.Option(None, help=HOT_CAPACITY_HELP),
@@ -147,7 +147,7 @@ def search(
 
 @app.command()
 def stats(
-    store: Path = typer.Option(Path("./storage"), help=STORE_HELP),
+    store: Optional[Path] = typer.Option(None, help=STORE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     embedder: str = typer.Option("wordllama", help="wordllama (default, offline) or minilm."),
 ) -> None:
@@ -175,7 +175,7 @@ def ingest(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed records instead of stopping."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    store: Path = typer.Option(Path("./storage"), help=STORE_HELP),
+    store: Optional[Path] = typer.Option(None, help=STORE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     embedder: str = typer.Option("wordllama", help="wordllama (default, offline) or minilm."),
     hot_capacity: Optional[int] = typer.Option(None, help=HOT_CAPACITY_HELP),
@@ -206,7 +206,7 @@ def demo(
     import tempfile
 
     from .ingest import ingest as run_ingest
-    from .memory import TieredMemory
+    from .coordinator import TieredMemory
 
     folder = store or Path(tempfile.mkdtemp(prefix="tiered-recall-demo-"))
     queries = [

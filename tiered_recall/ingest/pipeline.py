@@ -78,7 +78,7 @@ class _Pending:
 
 def _open_memory(store: str | os.PathLike[str]) -> MemorySink:
     try:
-        from ..memory import TieredMemory  # written alongside; imported late so ingestion has no cycle
+        from ..coordinator import TieredMemory  # imported late: ingesting into a fake store needs no lancedb
     except ImportError as error:
         raise InvalidInput(
             f"cannot open the store {os.fspath(store)!r}: TieredMemory is not available ({error}); pass memory=..."

@@ -218,7 +218,7 @@ class Result:
 def run(path: Path, *, seed: int, ops: int, workers: int = 3, devices: tuple[str, ...] = ("none", "cpu"),
         hot_capacity: int = 40, mix: Mix | None = None, progress=None) -> Result:
     """One seeded interleaving of `ops` operations over a new store at `path`; raises Failure on a wrong answer."""
-    from tiered_recall.memory import sidecar_name_of
+    from tiered_recall.coordinator.link import sidecar_name_of
     from tiered_recall.sidecar import segment_path
     from tiered_recall.storage import ColdStore
 

@@ -21,9 +21,9 @@ import os
 
 import numpy as np
 
-from .errors import StorageError
-from .namespaces import namespace_hash
-from .storage._generations import FIRST_SLOT_WORD, SLOTS, WORD_UNPLACED, WORD_WRITES, Bump, Snapshot, \
+from ..errors import StorageError
+from ..namespaces import namespace_hash
+from ..storage._generations import FIRST_SLOT_WORD, SLOTS, WORD_UNPLACED, WORD_WRITES, Bump, Snapshot, \
     WriteGenerations, slot_of
 
 FILE_NAME = "hot_certificates"

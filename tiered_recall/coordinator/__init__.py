@@ -1,0 +1,8 @@
+"""The coordinator: TieredMemory, which answers from the hot tier when a skip rule proves it may, else merges in the
+cold tier; its parts each own their state (link, placement, rules, validate, records, store_folder)."""
+from __future__ import annotations
+
+from .memory import TieredMemory
+from .records import Hit, Memory, SearchReport
+
+__all__ = ["TieredMemory", "Hit", "Memory", "SearchReport"]

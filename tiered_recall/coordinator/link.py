@@ -1,0 +1,309 @@
+"""The coordinator's link to the store's sidecar: attach or start it, warm it, certify it, repair it after writes
+that left it behind, hand it what was written while it was away, and report what could not be had."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InvalidInput, SidecarUnavailable, TieredRecallError
+from ..namespaces import namespace_hash
+from ..sidecar import HotTier, sidecar_executable, start_sidecar
+from ..storage._generations import slot_of
+from .certificates import HotCertificates, repair
+from .placement import Placement
+from .write_lock import StoreWriteLock
+
+logger = logging.getLogger("tiered_recall")
+
+RECONNECT_BACKOFF_S = 1.0
+# A repair of stale hot rows reads the cold rows of the namespaces it covers; while writes keep coming it cannot
+# certify them, so it takes at most this share of the process's time, like a resync.
+REPAIR_MAX_SHARE = 0.1
+SIDECAR_LOCK_FILE = ".sidecar.lock"
+
+
+def sidecar_name_of(path: str | os.PathLike) -> str:
+    """The segment name of the sidecar every process opening the store at `path` shares."""
+    digest = hashlib.blake2b(str(Path(path).expanduser().resolve()).encode(), digest_size=8).hexdigest()
+    return f"store-{os.getuid()}-{digest}"
+
+
+def gpu_visible() -> bool:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def cuda_compiled() -> bool:
+    try:
+        out = subprocess.run([str(sidecar_executable()), "--backends"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError, TieredRecallError):
+        return False
+    return "cuda" in out.stdout.split()
+
+
+def require_cuda(option: str) -> None:
+    """device='cuda' asked explicitly: an error, not a quiet CPU tier, when it cannot be had."""
+    if not cuda_compiled():
+        why = "this installation was built without the CUDA backend (no nvcc at install time)"
+    elif not gpu_visible():
+        why = "no GPU is visible (nvidia-smi sees none)"
+    else:
+        return
+    raise InvalidInput(f"{option}='cuda' but {why}: use {option}='auto' to fall back to the CPU hot tier, "
+                       f"or {option}='cpu'")
+
+
+def backend_for(device: str) -> str:
+    if device != "auto":
+        return device
+    return "cuda" if cuda_compiled() and gpu_visible() else "cpu"
+
+
+class HotLink:
+    """One process's attachment to the store's sidecar, and the certificates that say what of it to trust.
+
+    `ensure()` returns the attached HotTier, or None while there is none (device "none", or it could not be
+    reached: then retried at most every RECONNECT_BACKOFF_S). `call(fn)` runs fn(hot) and absorbs a dead or
+    refusing sidecar: the hot tier is a cache, its failure never fails a durable write.
+    """
+
+    def __init__(self, path: Path, *, dim: int, device: str, capacity: int, requested_capacity: int | None,
+                 timeout_s: float, orphan_grace_s: float, cold, placement: Placement, write_lock: StoreWriteLock,
+                 cache, moves: Counter, option) -> None:
+        self.path, self.dim, self.device = path, dim, device
+        self.capacity, self.requested_capacity = capacity, requested_capacity
+        self.timeout_s, self.orphan_grace_s = timeout_s, orphan_grace_s
+        self.cold, self.placement, self.write_lock, self.cache, self.moves = cold, placement, write_lock, cache, moves
+        self.option = option  # how the caller spells an option (API keyword or CLI flag)
+        self.sidecar_name = sidecar_name_of(path)
+        self.certs = HotCertificates(path, cold.generations) if device != "none" else None
+        self.hot: HotTier | None = None
+        self.epoch = (0, 0)  # the attached sidecar's instance, which the certificates must name
+        self.error: str | None = None
+        self.warnings: list[str] = []  # what was asked of the hot tier and not had (stats()["hot_warnings"])
+        self.backlog: set[int] = set()  # ids acknowledged while the hot tier was unreachable
+        self.closed = False
+        self._next_try = 0.0
+        self._next_repair = 0.0
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+            logger.warning("tiered-recall: %s", message)
+
+    # ---- attach ----
+    def ensure(self) -> HotTier | None:
+        """Attaches to the store's sidecar, starting (and warming) one when none serves it."""
+        if self.device == "none" or self.closed:
+            return None
+        if self.hot is not None:
+            if self.hot.serving():  # a dead sidecar shows up as SidecarUnavailable on the next call
+                return self.hot
+            self.drop("the sidecar stopped")
+        if time.monotonic() < self._next_try:
+            return None
+        try:
+            hot = self._attach()
+        except (TieredRecallError, OSError) as exc:
+            self.error = str(exc)
+            self._next_try = time.monotonic() + RECONNECT_BACKOFF_S
+            return None
+        self.hot, self.error = hot, None
+        if self.backlog:
+            try:
+                self.flush_backlog(hot)
+            except SidecarUnavailable as exc:
+                self.drop(str(exc))
+                return None
+        return hot
+
+    def _attach(self) -> HotTier:
+        # the write lock first (the order add() takes them in): warming publishes totals, which must not
+        # interleave with another process's commit-then-publish
+        with self.write_lock.held(), open(self.path / SIDECAR_LOCK_FILE, "a+") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            started = False
+            try:
+                hot = HotTier.attach(self.sidecar_name, dim=self.dim, timeout_s=self.timeout_s)
+            except SidecarUnavailable:
+                start_sidecar(self.sidecar_name, dim=self.dim, capacity=self.capacity,
+                              backend=backend_for(self.device), exit_when_orphaned_s=self.orphan_grace_s,
+                              detach=True)
+                hot = HotTier.attach(self.sidecar_name, dim=self.dim, timeout_s=self.timeout_s)
+                started = True
+            self.epoch = hot.instance
+            if not started:
+                self._check_joined(hot)
+            if started or hot.hot_rows == 0:
+                self.warm(hot)
+            elif not self.certs.epoch_matches(self.epoch):
+                # a sidecar no process of this version certified (or the file was removed): check every row
+                repair(hot, self.cold, self.certs, self.epoch, None)
+                self.moves["repairs"] += 1
+            self.placement.resync(hot, write_lock=self.write_lock, rewarm=self.rewarm, cache=self.cache)
+        return hot
+
+    def _check_joined(self, hot: HotTier) -> None:
+        """A sidecar another process started serves this store: say where it differs from what was asked."""
+        if self.requested_capacity is not None and hot.capacity != self.requested_capacity:
+            self.warn(f"{self.option('hot_capacity')}={self.requested_capacity} was asked, but the store's running "
+                      f"sidecar (pid {hot.owner_pid}) holds {hot.capacity} rows; it keeps its size until every "
+                      "process has closed the store")
+        if self.device in ("cpu", "cuda") and hot.backend != self.device:
+            self.warn(f"{self.option('device')}={self.device!r} was asked, but the store's running sidecar (pid "
+                      f"{hot.owner_pid}) serves from the {hot.backend}; it keeps it until every process has closed "
+                      "the store")
+
+    def drop(self, reason: str) -> None:
+        if self.hot is not None:
+            try:
+                self.hot.close()
+            except Exception:
+                pass
+        self.hot = None
+        self.error = reason
+        self._next_try = 0.0
+        self.placement.invalidate()
+
+    def call(self, fn):
+        """Runs fn(hot); on a dead or stuck sidecar, drops it (the next call reconnects) and returns None."""
+        hot = self.ensure()
+        if hot is None:
+            return None
+        try:
+            return fn(hot)
+        except SidecarUnavailable as exc:
+            self.drop(str(exc))
+            self._next_try = time.monotonic() + RECONNECT_BACKOFF_S
+            return None
+        except TieredRecallError as exc:  # the hot tier is a cache: its failure never fails a durable write
+            self.error = str(exc)
+            self.placement.invalidate()  # a half-done placement: trust nothing until the next resync
+            return None
+
+    # ---- fill and certify ----
+    def warm(self, hot: HotTier) -> None:
+        """Fills a fresh hot tier and publishes totals: the namespaces the policy keeps whole first
+        (Policy.warm_namespaces), then the most recent rows of the cold tier while there is room; then certifies
+        it at the write generations read before the cold tier was. Under the write lock: a total read here and
+        published after another process's add would be stale."""
+        with self.write_lock.held():
+            self.certs.invalidate()
+            snap = self.cold.generations.snapshot()
+            self._fill(hot)
+            self.certs.certify_all(snap, self.epoch)
+
+    def rewarm(self, hot: HotTier) -> None:
+        """Clears a hot tier that holds rows the cold tier does not, and fills it again."""
+        self.certs.invalidate()
+        hot.clear()
+        self.warm(hot)
+
+    def _fill(self, hot: HotTier) -> None:
+        policy, cold = self.placement.policy, self.cold
+        policy.set_sizes(cold.namespace_counts(), replace=True)
+        whole = policy.warm_namespaces(self.placement.tick, hot.capacity)
+        if whole:
+            every = cold.recent(max(1, cold.count()))  # newest first
+            in_whole = np.array([ns in whole for ns in every["namespace"]], dtype=bool)
+            pick = np.concatenate([np.flatnonzero(in_whole), np.flatnonzero(~in_whole)])[: hot.capacity]
+            pick = np.sort(pick)  # back to newest first
+            recent = {"ids": every["ids"][pick], "vectors": every["vectors"][pick],
+                      "namespace": [every["namespace"][j] for j in pick],
+                      "created_at_us": every["created_at_us"][pick]}
+        else:
+            recent = cold.recent(hot.capacity)
+        ids = recent["ids"]
+        if len(ids):
+            order = np.arange(len(ids))[::-1]  # oldest first, so the newest end most recently used
+            hashes = np.array([namespace_hash(ns) for ns in recent["namespace"]], dtype=np.uint64)
+            hot.upsert(ids[order], recent["vectors"][order], hashes[order],
+                       created_at_us=recent["created_at_us"][order])
+        publish_totals(hot, cold.namespace_counts())  # read again: the newest totals win
+
+    # ---- what a search may trust ----
+    def token(self, ns_hash: int | None):
+        """The certificate of the scope (a namespace's slot, or every namespace), read before the hot answer."""
+        return self.certs.check(None if ns_hash is None else slot_of(ns_hash), self.epoch)
+
+    def still(self, token) -> bool:
+        return self.certs.still(token)
+
+    def certified(self) -> bool:
+        return self.hot is not None and self.certs.check(None, self.epoch) is not None
+
+    def repair(self, namespace: str | None) -> None:
+        """On the cold path of a search that found its slot stale (another process wrote to the cold tier without
+        this hot tier, or a write's hot side failed): brings the hot rows of the slot's namespaces (all of them, for
+        a search over every namespace) back in line with the cold tier and certifies them (certificates.repair).
+        Skipped while a writer holds the lock, like a promotion, and paced to REPAIR_MAX_SHARE of the time."""
+        hot = self.hot
+        if hot is None or time.monotonic() < self._next_repair:
+            return
+        slot = None if namespace is None else slot_of(namespace_hash(namespace))
+        with self.write_lock.held(wait=False) as got:
+            if not got or self.certs.check(slot, self.epoch) is not None:
+                return  # a writer is at work, or another process repaired it meanwhile
+            started = time.monotonic()
+            try:
+                repair(hot, self.cold, self.certs, self.epoch, slot)
+            except SidecarUnavailable as exc:
+                self.drop(str(exc))
+            except TieredRecallError as exc:
+                self.error = str(exc)
+            finally:
+                self.moves["repairs"] += 1
+                self.placement.invalidate()  # the repair moved rows under this process's hot set: resync first
+                self._next_repair = started + (time.monotonic() - started) / REPAIR_MAX_SHARE
+
+    # ---- after this process's writes ----
+    def after_own_write(self, bump, *, hot_side_done: bool) -> None:
+        """Under the write lock: certificates that were current stay current when the hot tier got its side of the
+        write in full; the placement's tracking stays valid when no other process's write came between."""
+        if bump is None:
+            return
+        if hot_side_done and self.certs is not None and self.hot is not None:
+            self.certs.advance(bump, self.epoch)
+        self.placement.note_own_write(bump)
+
+    def flush_backlog(self, hot: HotTier) -> None:
+        """Inserts rows acknowledged while the hot tier was unreachable (read back from the cold tier)."""
+        if not self.backlog:
+            return
+        backlog, self.backlog = list(self.backlog), set()
+        hs = self.placement.hotset
+        rows = [r for r in self.cold.get(backlog) if r is not None and (hs is None or r["id"] not in hs)]
+        publish_totals(hot, self.cold.namespace_counts())
+        if rows:
+            rows.sort(key=lambda r: (r["created_at_us"], r["id"]))
+            self.placement.place(hot, np.array([r["id"] for r in rows], dtype=np.int64),
+                                 np.stack([r["vector"] for r in rows]), [r["namespace"] for r in rows],
+                                 np.array([r["created_at_us"] for r in rows], dtype=np.int64))
+
+    def close(self) -> None:
+        """Hands the backlog over, then detaches (the sidecar exits by itself once no process uses it)."""
+        if self.backlog:
+            self._next_try = 0.0
+            self.call(self.flush_backlog)
+        self.closed = True
+        if self.hot is not None:
+            self.hot.close()
+            self.hot = None
+        if self.certs is not None:
+            self.certs.close()
+
+
+def publish_totals(hot: HotTier, counts: dict[str, int]) -> None:
+    """Tells every process the total rows (both tiers) of namespaces."""
+    hot.set_namespace_totals({namespace_hash(ns): n for ns, n in counts.items()})

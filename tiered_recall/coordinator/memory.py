@@ -1,0 +1,465 @@
+"""TieredMemory: the public API of a store, a facade that asks the hot sidecar first, the LanceDB cold tier when it
+must, and merges (the parts: link.py, placement.py, rules.py, validate.py, records.py, store_folder.py)."""
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..embedders import Embedder, resolve_embedder
+from ..errors import InvalidInput, ReadOnlyStore, SidecarUnavailable, TieredRecallError
+from ..namespaces import namespace_hash, validate_namespace
+from ..policies import Policy, resolve_policy
+from ..scoring import Scoring
+from . import rules as R
+from . import validate as check
+from .link import HotLink, backend_for, publish_totals, require_cuda
+from .placement import Placement
+from .records import Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, to_datetime
+from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only
+from .write_lock import StoreWriteLock
+
+DEFAULT_HOT_CAPACITY = 100_000
+ORPHAN_GRACE_S = 10.0
+_ROW_OVERHEAD_BYTES = 24  # id, namespace hash, created_at per hot row
+# How messages name the options of TieredMemory(...); the CLI passes its own flags.
+API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_only": "read_only"}
+
+
+@dataclass
+class _HotAnswer:
+    """The hot side of one search: its candidates, the rule that decided, and whether they may be trusted."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    rule: str
+    trusted: bool
+    hot_kth: float | None = None
+    cold_bound: float | None = None
+
+
+class TieredMemory:
+    """A memory store: a hot tier in a sidecar (GPU or CPU) over a durable LanceDB cold tier.
+
+    TieredMemory(path=None, *, dim=None, embedder="wordllama", hot_capacity=None, device="auto", policy="lru",
+                 hot_capacity_bytes=None, rules=("complete", "bound"), confidence=None, scoring=None,
+                 read_only=None)
+
+    path: folder of the store (created with mode 0700); None: the user's own store (default_store_path()). dim:
+    vector width; taken from the embedder or the existing store when None. embedder: "wordllama" (default,
+    offline), "minilm", any callable texts -> (n, d) float32, or None to add and search raw vectors only.
+    hot_capacity: rows the hot tier keeps (None: the running sidecar's, or 100,000 when this process starts it; a
+    value that differs from a running sidecar's is logged and reported in stats()["hot_warnings"]);
+    hot_capacity_bytes: the same as a byte budget (vector + 24 bytes a row; overrides hot_capacity). policy: "lru",
+    "lfu", "recency", "namespace" (whole namespaces kept hot, for rule 1) or a tiered_recall.policies Policy
+    (pinning included): which rows stay hot; evicted rows stay in the cold tier.
+    device: "auto" (CUDA when a GPU and the CUDA build are present, else CPU; a hot tier that cannot start is
+    logged and the store serves from the cold tier), "cpu", "cuda" (an error when it cannot be had), or "none"
+    for no hot tier at all. Other processes opening the same path share the same sidecar; every process's
+    writes, with a hot tier or without, keep every search exact (docs/skip-rules.md). read_only: True opens an
+    existing store for search only (no hot tier; writes raise ReadOnlyStore); None (default) does so by itself,
+    with a log line, when the folder cannot be written.
+    rules: the skip rules tried in order ("complete", "bound"; both exact); confidence: a float enables rule 3
+    ("threshold"; approximate) on the hot k-th score. scoring: a tiered_recall.scoring.Scoring (recency weighting,
+    metadata boosts) for the merged candidates.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, dim: int | None = None,
+                 embedder: Any = "wordllama", hot_capacity: int | None = None, device: str = "auto",
+                 timeout_s: float = 5.0, orphan_grace_s: float = ORPHAN_GRACE_S,
+                 policy: str | Policy | None = "lru", hot_capacity_bytes: int | None = None,
+                 rules: Sequence[str] = ("complete", "bound"), confidence: float | None = None,
+                 scoring: Scoring | None = None, read_only: bool | None = None,
+                 option_names: dict[str, str] | None = None) -> None:
+        from ..storage import ColdStore  # lancedb is imported here, not at package import
+
+        self._option_names = {**API_OPTION_NAMES, **(option_names or {})}
+        if device not in check.DEVICES:
+            raise InvalidInput(f"{self._opt('device')} must be 'auto', 'cpu', 'cuda' or 'none', got {device!r}")
+        requested = check.positive_int(hot_capacity, self._opt("hot_capacity"), optional=True)
+        hot_bytes = check.positive_int(hot_capacity_bytes, "hot_capacity_bytes", optional=True)
+        if read_only not in (None, True, False):
+            raise InvalidInput(f"{self._opt('read_only')} must be True, False or None (decided by whether the "
+                               f"folder can be written), got {read_only!r}")
+        timeout_s, orphan_grace_s = check.seconds(timeout_s, "timeout_s"), check.seconds(orphan_grace_s,
+                                                                                        "orphan_grace_s")
+        self.rules, self.confidence = check.rules_and_confidence(rules, confidence)
+        if scoring is not None and not isinstance(scoring, Scoring):
+            raise InvalidInput("scoring must be a tiered_recall.scoring.Scoring or None")
+        self.policy: Policy = resolve_policy(policy)
+        self.scoring = scoring if scoring is not None and scoring.active else None
+        self.path = Path(path if path is not None else default_store_path()).expanduser().resolve()
+        self.read_only = settle_read_only(self.path, read_only, self._opt)
+        if self.read_only and device in ("cpu", "cuda"):
+            raise InvalidInput(f"the store at {self.path} is read-only, and a read-only store has no hot tier: "
+                               f"open it with {self._opt('device')}='none' (or 'auto'), or writable")
+        self.embedder: Embedder | None = None if embedder is None else resolve_embedder(
+            None if embedder == "wordllama" else embedder)
+        self.dim = settle_config(self.path, check.dim(dim), self.embedder, read_only=self.read_only)
+        self.device = "none" if self.read_only else device
+        if self.device == "cuda":
+            require_cuda(self._opt("device"))
+        if hot_bytes is not None:
+            elem = 2 if backend_for(self.device) == "cuda" else 4  # the sidecar keeps f16 on CUDA, f32 on CPU
+            requested = max(1, hot_bytes // (self.dim * elem + _ROW_OVERHEAD_BYTES))
+        self.hot_capacity = requested or DEFAULT_HOT_CAPACITY
+        self.cold = ColdStore(self.path / COLD_FOLDER, dim=self.dim, read_only=self.read_only)
+        self._lock = threading.RLock()
+        self._write_lock = StoreWriteLock(self.path)
+        self._moves = Counter({k: 0 for k in ("inserted", "promoted", "evicted", "sidecar_evicted", "resyncs",
+                                              "bound_rebuilds", "rewarms", "repairs")})
+        self._cache = MemoryCache(self.cold)
+        self._placement = Placement(self.dim, self.policy, self.cold, self._moves)
+        self._link = HotLink(self.path, dim=self.dim, device=self.device, capacity=self.hot_capacity,
+                             requested_capacity=requested, timeout_s=timeout_s, orphan_grace_s=orphan_grace_s,
+                             cold=self.cold, placement=self._placement, write_lock=self._write_lock,
+                             cache=self._cache, moves=self._moves, option=self._opt)
+        self.sidecar_name = self._link.sidecar_name
+        self._stats, self._rule_stats = PathStats(), PathStats()
+        self._closed = False
+        self._attach_at_open(device)
+
+    def _attach_at_open(self, device: str) -> None:
+        """The hot tier at open: an error where it was asked for by name and cannot be had, else a warning."""
+        try:
+            self._link.ensure()
+            if self.device in ("cpu", "cuda") and self._link.hot is None:
+                raise SidecarUnavailable(f"the hot tier ({self._opt('device')}={self.device!r}) could not start: "
+                                         f"{self._link.error}; open the store with {self._opt('device')}='auto' to "
+                                         "go on without it, or 'none'")
+        except BaseException:
+            self._link.close()
+            self.cold.close()
+            raise
+        if self._link.hot is None and self.device == "auto":
+            self._link.warn(f"no hot tier: {self._link.error}; searches are served by the cold tier (exact, "
+                            "slower), and the store tries again on later calls")
+        if self.read_only and device == "auto":
+            import logging
+
+            logging.getLogger("tiered_recall").info(
+                "tiered-recall: the store at %s is read-only: searches are served by the cold tier", self.path)
+
+    def _opt(self, name: str) -> str:
+        """How the caller spells option `name` (the API keyword, or the CLI's flag)."""
+        return self._option_names.get(name, name)
+
+    # ---- writes ------------------------------------------------------------------------------
+    def add(self, texts: str | Sequence[str] | None = None, *, vectors: Any = None, namespace: str = "default",
+            ids: Sequence[int] | None = None, session: str | Sequence[str | None] | None = None,
+            role: str | Sequence[str | None] | None = None, metadata: dict | Sequence[dict | None] | None = None,
+            created_at: Any = None) -> list[int]:
+        """Stores memories; durable in the cold tier when it returns, then inserted into the hot tier.
+
+        texts: one string or a list (stored, and embedded unless vectors are given). vectors: (n, dim) or (dim,)
+        floats, normalised here. ids: your own int ids (an existing id is replaced: an upsert), else new ones.
+        session / role / metadata / created_at: one for all or one per memory. Returns the ids. Nothing is written
+        when any input is invalid.
+        """
+        self._check_open()
+        validate_namespace(namespace)
+        text_list, n, has_texts = check.texts(texts, vectors)
+        if n == 0:
+            raise InvalidInput("nothing to add: texts / vectors is empty")
+        if vectors is None:
+            if self.embedder is None:
+                raise InvalidInput("this store has no embedder: pass vectors=... (n, dim) float32")
+            vectors = self.embedder(text_list)
+        vecs = check.unit_rows(vectors, n, self.dim)
+        id_arr = check.new_ids(ids, n, lambda: secrets.randbits(62) + 1)
+        sessions = check.per_row(session, n, "session", kind=str)
+        roles = check.per_row(role, n, "role", kind=str)
+        metas = check.metadata(metadata, n)
+        created = check.timestamps_us(created_at, n)
+        self._check_writable()
+        with self._lock, self._write_lock.held():
+            bump = self.cold.add(ids=id_arr, vectors=vecs, namespaces=[namespace] * n, texts=text_list,
+                                 sessions=sessions, roles=roles, created_at_us=created, metadata=metas)
+            self._placement.tick += 1
+            for i in range(n):
+                self._cache.remember(Memory(int(id_arr[i]), text_list[i], namespace, sessions[i], roles[i],
+                                            to_datetime(int(created[i])), metas[i] or {}))
+            # the namespace written into, and those an upsert moved rows out of
+            touched = {namespace} | set(bump.namespaces or ()) if bump is not None else {namespace}
+            totals = {ns: self.cold.count(ns) for ns in touched}
+
+            def to_hot(hot) -> bool:
+                self.policy.set_sizes(totals)
+                publish_totals(hot, totals)  # before the rows: a reader sees hot < total, asks cold
+                self._placement.place(hot, id_arr, vecs, [namespace] * n, created)
+                return True
+
+            done = self._link.call(to_hot) is not None
+            if not done and self.device != "none":
+                self._link.backlog.update(int(i) for i in id_arr)
+                self._placement.bounds.discard(int(i) for i in id_arr)
+                self._placement.fold_cold(namespace, id_arr, vecs, created)  # cold-only until the backlog goes
+            self._link.after_own_write(bump, hot_side_done=done)
+        return [int(i) for i in id_arr]
+
+    def delete(self, ids: Sequence[int] | int) -> int:
+        """Removes memories from both tiers; returns how many the cold tier held."""
+        self._check_open()
+        id_arr = check.ids(ids)
+        if id_arr.size == 0:
+            return 0
+        self._check_writable()
+        with self._lock, self._write_lock.held():
+            # the namespaces of the rows, from the cold tier's in-memory mirror: a LanceDB query here
+            # would lengthen the section every writing process waits for (benchmarks/soak.py)
+            namespaces = set(self.cold.vectors_of(id_arr)["namespace"])
+            listed = [int(i) for i in id_arr]
+            hot_done = self._link.call(lambda hot: self._placement.hot_delete(hot, listed) or True) is not None
+            self._placement.bounds.discard(listed)
+            deleted, bump = self.cold.delete_rows(id_arr)
+            self._cache.drop(listed)
+            self._link.backlog.difference_update(listed)
+            counts = {ns: self.cold.count(ns) for ns in namespaces | set(bump.namespaces or () if bump else ())}
+            self.policy.set_sizes(counts)
+            published = self._link.call(lambda hot: publish_totals(hot, counts) or True) is not None
+            self._link.after_own_write(bump, hot_side_done=hot_done and published)
+        return int(deleted)
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStore(f"the store at {self.path} is open read-only ({self._opt('read_only')}=True, or its "
+                                "folder cannot be written): open it writable to add or delete")
+
+    def pin(self, *, namespace: str | None = None, ids: Sequence[int] | None = None) -> None:
+        """Pins a namespace and/or ids: loaded into the hot tier now and never evicted by the policy."""
+        self._check_open()
+        if namespace is not None:
+            validate_namespace(namespace)
+            self.policy.pinned_namespaces.add(namespace)
+        if ids is not None:
+            self.policy.pinned_ids.update(int(i) for i in check.ids(ids))
+        with self._lock:
+            self._link.call(self._placement.load_pins)
+
+    def unpin(self, *, namespace: str | None = None, ids: Sequence[int] | None = None) -> None:
+        """Lets the policy evict these again."""
+        self._check_open()
+        if namespace is not None:
+            self.policy.pinned_namespaces.discard(namespace)
+        if ids is not None:
+            for i in check.ids(ids):
+                self.policy.pinned_ids.discard(int(i))
+
+    # ---- reads -------------------------------------------------------------------------------
+    def get(self, ids: Sequence[int] | int) -> list[Memory | None]:
+        """Memories by id, in the order asked (None where absent)."""
+        self._check_open()
+        id_list = [int(i) for i in check.ids(ids)]
+        found = self._cache.lookup(id_list)
+        return [found.get(i) for i in id_list]
+
+    def count(self, namespace: str | None = None) -> int:
+        """Memories in the store (of one namespace)."""
+        self._check_open()
+        return int(self.cold.count(check.optional_namespace(namespace)))
+
+    def search(self, query: str | np.ndarray, *, k: int = 10, namespace: str | None = None,
+               where: str | None = None, hybrid: bool = False, explain: bool = False) -> list[Hit] | SearchReport:
+        """The k best memories by cosine similarity (plus the store's Scoring, if any), best first (ties by id);
+        each says its tier.
+
+        query: text (embedded) or a (dim,) vector. namespace: only this namespace. where: a SQL filter over
+        session / role / created_at / metadata, evaluated by the cold tier. The cold tier is skipped by the store's
+        rules, in order: "complete" (the hot tier holds every memory of the namespace), "bound" (no cold-only row
+        can reach the top k), and "threshold" (hot k-th score >= confidence; approximate). explain=True returns a
+        SearchReport (hits, the rule that decided, scores behind it) instead of the hits. hybrid=True (text queries
+        only): BM25 over the memory texts fused with the vector ranking (reciprocal-rank fusion) by the cold tier,
+        which holds the text index; hits come in fused order with their cosine scores, tier "cold", rule "hybrid";
+        the store's Scoring is not applied.
+        """
+        self._check_open()
+        if hybrid and not isinstance(query, str):
+            raise InvalidInput("hybrid=True needs a text query (BM25 ranks texts): pass the query text")
+        k = check.k(k)
+        namespace = check.optional_namespace(namespace)
+        where = check.where(where)
+        t0 = time.perf_counter()
+        q = self._query_vector(query)
+        if hybrid:
+            return self._search_hybrid(q, query, k, namespace, where, explain, t0)
+        scoring = self.scoring
+        fetch = k if scoring is None else min(check.MAX_K, k * scoring.candidates)
+        now_us = time.time_ns() // 1000
+        with self._lock:
+            placement = self._placement
+            placement.tick += 1
+            if namespace is not None:
+                self.policy.observe(namespace, placement.tick)
+            hot = self._link.ensure()
+            answer = self._hot_answer(hot, q, k, fetch, namespace, now_us) if hot is not None and where is None \
+                else _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-hot", False)
+            hot = self._link.hot
+            cold = None if answer.rule in ("complete", "bound", "threshold") else \
+                self.cold.search(q, k=fetch, namespace=namespace, where=where)
+            candidates = R.merge(answer.ids, answer.scores, None if cold is None else cold[0],
+                                 None if cold is None else cold[1], trust_hot=answer.trusted)
+            found = self._cache.lookup(i for _, i, _ in candidates)
+            ranked = R.rank(candidates, found, scoring, now_us, k)
+            placement.use(i for _, i, tier in ranked if tier == "hot")
+            path = "hot" if cold is None else ("hot+cold" if answer.rule == "cold" else "cold")
+            if path == "hot+cold" and hot is not None:
+                self._after_cold_path(hot, namespace, ranked, answer.trusted)
+        hits = [hit_of(m, score, tier) for score, i, tier in ranked if (m := found.get(i)) is not None]
+        seconds = time.perf_counter() - t0
+        self._stats.record(path, seconds)
+        self._rule_stats.record(answer.rule, seconds)
+        return SearchReport(hits, answer.rule, path, answer.hot_kth, answer.cold_bound, seconds) if explain else hits
+
+    def _query_vector(self, query: Any) -> np.ndarray:
+        if isinstance(query, str):
+            vec = self.embedder([check.query_text(query, self.embedder is not None)])[0]
+            return check.unit_query(vec, self.dim)
+        return check.unit_query(query, self.dim)
+
+    def _search_hybrid(self, q: np.ndarray, text: str, k: int, namespace: str | None, where: str | None,
+                       explain: bool, t0: float) -> list[Hit] | SearchReport:
+        with self._lock:
+            ids, scores = self.cold.search(q, k=k, namespace=namespace, where=where, text=text)
+            found = self._cache.lookup(int(i) for i in ids)
+        hits = [hit_of(m, float(sc), "cold") for i, sc in zip(ids, scores) if (m := found.get(int(i))) is not None]
+        seconds = time.perf_counter() - t0
+        self._stats.record("cold", seconds)
+        self._rule_stats.record("hybrid", seconds)
+        return SearchReport(hits, "hybrid", "cold", None, None, seconds) if explain else hits
+
+    def _hot_answer(self, hot, q: np.ndarray, k: int, fetch: int, namespace: str | None, now_us: int) -> _HotAnswer:
+        """The hot tier's candidates and the rule they answer by. The certificate is read before the hot answer and
+        checked again after it and its counts: a write that began in between (any process's) makes it "cold"."""
+        link, placement = self._link, self._placement
+        try:
+            ns_hash = None if namespace is None else namespace_hash(namespace)
+            token = link.token(ns_hash)
+            fetched = min(fetch, hot.max_k)
+            res = hot.search(q, k=fetched, namespace_hash=ns_hash)
+            ids, scores = res.ids[0, : res.hits], res.scores[0, : res.hits]
+            complete = token is not None and "complete" in self.rules and self._hot_is_complete(hot, namespace)
+            kth, unfetched, bound = None, -np.inf, None
+            if not complete and ("bound" in self.rules or "threshold" in self.rules):
+                finals = self._finals(ids, scores, now_us)
+                max_bonus = 0.0 if self.scoring is None else self.scoring.max_bonus(None, now_us)
+                kth, unfetched = R.hot_kth(scores, k, fetched, finals, max_bonus)
+                if "bound" in self.rules and token is not None and self._bounds_usable(hot, namespace):
+                    bound = placement.cold_bound(q, namespace, self.scoring, now_us)
+            certified = token is not None and link.still(token)
+            evidence = R.Evidence(certified, complete, bound is not None, kth, bound, unfetched, hot.dtype == "f16")
+            return _HotAnswer(ids, scores, R.decide(self.rules, self.confidence, evidence), certified, kth, bound)
+        except SidecarUnavailable as exc:
+            link.drop(str(exc))
+            return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-hot", False)
+
+    def _finals(self, ids: np.ndarray, scores: np.ndarray, now_us: int) -> list[float] | None:
+        """The hot candidates' final scores under the store's Scoring, best first (None without one)."""
+        if self.scoring is None:
+            return None
+        found = self._cache.lookup(int(i) for i in ids)
+        return sorted((self.scoring.score(float(s), found[int(i)], now_us) for i, s in zip(ids, scores)
+                       if int(i) in found), reverse=True)
+
+    def _hot_is_complete(self, hot, namespace: str | None) -> bool:
+        """Rule 1: the hot tier holds every memory of the namespace (every process sees the same counts)."""
+        if self._link.backlog:
+            return False
+        if namespace is None:
+            return hot.hot_rows == self.cold.count()
+        hot_rows, total_rows = hot.namespace_rows(namespace_hash(namespace))
+        return hot_rows == total_rows
+
+    def _bounds_usable(self, hot, namespace: str | None) -> bool:
+        placement = self._placement
+        return placement.tracking_ok(hot, self.cold.generations.writes(), bool(self._link.backlog)) \
+            and placement.counts_agree(hot, namespace)
+
+    def _after_cold_path(self, hot, namespace: str | None, ranked: list, trusted: bool) -> None:
+        """The disk was read anyway: repair a stale slot, promote per policy, and tighten or resync the bounds."""
+        link, placement = self._link, self._placement
+        if not trusted:
+            link.repair(namespace)
+        with self._write_lock.held(wait=False) as got:  # a writer is at work: promote on a later cold hit
+            if got:
+                if namespace is not None and self.policy.whole_namespace(namespace, placement.tick, hot.capacity):
+                    link.call(lambda h: placement.promote_namespace(h, namespace))
+                elif self.policy.promote:
+                    cold_hits = [i for _, i, tier in ranked if tier == "cold"]
+                    if cold_hits:
+                        link.call(lambda h: placement.promote(h, cold_hits))
+        if "bound" not in self.rules or link.hot is None:
+            return
+        try:
+            if not placement.tracking_ok(link.hot, self.cold.generations.writes(), bool(link.backlog)):
+                if time.monotonic() >= placement.next_resync:
+                    placement.resync(link.hot, write_lock=self._write_lock, rewarm=link.rewarm, cache=self._cache)
+            elif namespace is not None:
+                nb = placement.bounds.by_namespace.get(namespace)
+                if nb is not None and nb.loose:
+                    placement.rebuild_bound(namespace)
+        except SidecarUnavailable as exc:
+            link.drop(str(exc))
+        except TieredRecallError as exc:
+            link.error = str(exc)
+            placement.invalidate()
+
+    # ---- reports and life cycle --------------------------------------------------------------
+    def stats(self) -> dict:
+        """Rows per tier, how often the hot tier answered alone, latency per search path, and what the hot tier
+        could not give (hot_error, hot_warnings)."""
+        self._check_open()
+        paths = self._stats.summary()
+        searches = sum(v["searches"] for v in paths.values())
+        hot_only = paths.get("hot", {}).get("searches", 0)
+        hot = self._link.ensure()
+        return {
+            "path": str(self.path), "dim": self.dim,
+            "embedder": self.embedder.name if self.embedder is not None else None,
+            "cold_rows": int(self.cold.count()),
+            "hot_rows": hot.hot_rows if hot is not None else 0,
+            "hot_capacity": int(hot.capacity) if hot is not None else 0,
+            "hot_backend": hot.backend if hot is not None else None,
+            "hot_error": self._link.error if hot is None else None,
+            "hot_warnings": list(self._link.warnings),
+            "hot_certified": self._link.certified(),
+            "read_only": self.read_only,
+            "namespaces": self.cold.namespace_counts(),
+            "searches": searches,
+            "hot_hit_rate": (hot_only / searches) if searches else None,
+            "latency": paths,
+            "rules": self._rule_stats.summary(),
+            "rows_moved": dict(self._moves),
+            "cached_memories": len(self._cache),  # texts and metadata of rows searches returned
+            "policy": self.policy.describe(),
+            "bounds": self._placement.bounds.stats(),
+            "sidecar": hot.stats() if hot is not None else None,
+        }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidInput("this TieredMemory is closed: open the store again")
+
+    def close(self) -> None:
+        """Detaches from the sidecar (it exits by itself once no process uses it) and closes the cold tier."""
+        if self._closed:
+            return
+        with self._lock:
+            self._link.close()
+        self._closed = True
+        self.cold.close()
+
+    def __enter__(self) -> "TieredMemory":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TieredMemory(path={str(self.path)!r}, dim={self.dim})"

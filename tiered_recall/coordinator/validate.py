@@ -1,0 +1,219 @@
+"""The one validation boundary of the Python API: every argument of TieredMemory is checked here, once, with a
+message that names the fix; the layers below (cold tier, hot-tier client) take what comes out as it is. The
+sidecar checks again what a client writes into shared memory, since it is a process boundary."""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import InvalidInput
+from ..namespaces import validate_namespace
+
+MAX_DIM = 8192  # the sidecar's limit (layout.h TR_MAX_DIM)
+MAX_K = 256
+MAX_ID = (1 << 63) - 1
+DEVICES = ("auto", "cpu", "cuda", "none")
+EXACT_RULES = ("complete", "bound")
+
+
+def _is_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def positive_int(value: Any, what: str, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if not _is_int(value) or value < 1:
+        raise InvalidInput(f"{what} must be a positive int{' or None' if optional else ''}, got {value!r}")
+    return int(value)
+
+
+def seconds(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or value <= 0:
+        raise InvalidInput(f"{what} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def rules_and_confidence(rules: Sequence[str], confidence: Any) -> tuple[tuple[str, ...], float | None]:
+    """The skip rules in order; confidence (a float) adds the approximate "threshold" rule."""
+    out = tuple(rules)
+    for rule in out:
+        if rule not in EXACT_RULES:
+            raise InvalidInput(f"rules may hold 'complete' and 'bound' (exact rules); got {rule!r}: "
+                               "rule 3 is enabled by confidence=<score>")
+    if confidence is None:
+        return out, None
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not -1 <= confidence <= 2:
+        raise InvalidInput(f"confidence must be a score threshold in [-1, 2] or None, got {confidence!r}")
+    return out + ("threshold",), float(confidence)
+
+
+def dim(value: Any) -> int | None:
+    if value is not None and (not _is_int(value) or not 1 <= value <= MAX_DIM):
+        raise InvalidInput(f"dim must be an int in 1..{MAX_DIM}, got {value!r}")
+    return None if value is None else int(value)
+
+
+def ids(value: Any) -> np.ndarray:
+    """An int or a sequence of ints -> 1-d int64; anything else (str, float, nested, None) is refused."""
+    try:
+        arr = None if isinstance(value, (str, bytes, dict)) else np.atleast_1d(np.asarray(value))
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise InvalidInput(f"ids must be an int or a list of ints, got {value!r:.80}")
+    return arr.astype(np.int64)
+
+
+def new_ids(value: Any, n: int, draw) -> np.ndarray:
+    """The ids of n new memories: the caller's (distinct, 0 .. 2**63 - 1; an existing id is replaced) or drawn."""
+    if value is None:
+        return np.array([draw() for _ in range(n)], dtype=np.int64)
+    arr = np.asarray(value)
+    if arr.shape != (n,) or (n and arr.dtype.kind not in "iu"):
+        raise InvalidInput(f"ids must be {n} integers, got {arr.shape} of {arr.dtype}")
+    if n and (arr.min() < 0 or arr.max() > MAX_ID):
+        raise InvalidInput("ids must be between 0 and 2**63 - 1")
+    arr = arr.astype(np.int64)
+    if len(np.unique(arr)) != n:
+        raise InvalidInput("ids repeat within one add: give each memory its own id")
+    return arr
+
+
+def texts(value: Any, vectors: Any) -> tuple[list[str], int, bool]:
+    """(the texts, how many memories, whether texts were given) for add(texts, vectors=...)."""
+    if isinstance(value, str):
+        value = [value]
+    if value is None:
+        if vectors is None:
+            raise InvalidInput("add needs texts, vectors, or both")
+        n = 1 if np.asarray(vectors).ndim == 1 else len(vectors)
+        return [""] * n, n, False
+    if not isinstance(value, (list, tuple)):
+        raise InvalidInput(f"texts must be a str or a list of str, got {type(value).__name__}")
+    out = list(value)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise InvalidInput(f"texts[{i}] is {type(t).__name__}, expected str")
+        if not t.strip():
+            raise InvalidInput(f"texts[{i}] is empty: give it content or drop it")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"texts[{i}] is not valid Unicode text (lone surrogates): decode it properly") from None
+    return out, len(out), True
+
+
+def unit_rows(vectors: Any, n: int, dim_: int) -> np.ndarray:
+    """(n, dim) finite, non-zero rows -> C-contiguous float32 unit rows. The only place a stored vector is checked
+    and normalised: embedders' output and the caller's vectors both come through here."""
+    arr = np.asarray(vectors)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape != (n, dim_):
+        raise InvalidInput(f"vectors must have shape ({n}, {dim_}); got {arr.shape}")
+    if arr.dtype.kind not in "fiu":
+        raise InvalidInput(f"vectors must be numeric, got dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(arr).all():
+        raise InvalidInput("vectors contain NaN or infinite values: clean them (np.nan_to_num) or drop those rows")
+    norms = np.linalg.norm(arr, axis=1)
+    if (norms == 0).any():
+        raise InvalidInput(f"vector {int(np.argmin(norms))} is all zeros: it has no direction to search by")
+    return arr / norms[:, None]
+
+
+def unit_query(vector: Any, dim_: int) -> np.ndarray:
+    """A (dim,) query -> float32 unit vector."""
+    arr = np.asarray(vector)
+    if arr.ndim != 1 or arr.shape[0] != dim_:
+        raise InvalidInput(f"a query vector must have shape ({dim_},), got {arr.shape}")
+    if arr.dtype.kind not in "fiu":
+        raise InvalidInput(f"a query vector must be numeric, got dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(arr).all():
+        raise InvalidInput("the query vector contains NaN or infinite values")
+    norm = float(np.linalg.norm(arr))
+    if norm == 0.0:
+        raise InvalidInput("the query vector is all zeros")
+    return arr / norm
+
+
+def query_text(query: str, has_embedder: bool) -> str:
+    if not query.strip():
+        raise InvalidInput("the query is empty: search for some text")
+    if not has_embedder:
+        raise InvalidInput("this store has no embedder: search with a vector")
+    return query
+
+
+def k(value: Any) -> int:
+    if not _is_int(value) or not 1 <= value <= MAX_K:
+        raise InvalidInput(f"k must be an int in 1..{MAX_K}, got {value!r}")
+    return int(value)
+
+
+def optional_namespace(namespace: str | None) -> str | None:
+    return None if namespace is None else validate_namespace(namespace)
+
+
+def where(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise InvalidInput("where must be a non-empty SQL filter string, e.g. \"role = 'user'\"")
+    return value
+
+
+def per_row(value: Any, n: int, what: str, *, kind: type) -> list:
+    """One value for all n memories, or a list with one per memory (None allowed)."""
+    if value is None or isinstance(value, kind):
+        return [value] * n
+    if not isinstance(value, (list, tuple)):
+        raise InvalidInput(f"{what} must be a {kind.__name__}, None, or a list with one per memory")
+    if len(value) != n:
+        raise InvalidInput(f"{what} has {len(value)} values for {n} memories: give one per memory or one for all")
+    for i, v in enumerate(value):
+        if v is not None and not isinstance(v, kind):
+            raise InvalidInput(f"{what}[{i}] is {type(v).__name__}, expected {kind.__name__} or None")
+    return list(value)
+
+
+def metadata(value: Any, n: int) -> list[dict | None]:
+    metas = per_row(value, n, "metadata", kind=dict)
+    for i, meta in enumerate(metas):
+        if meta is not None:
+            try:
+                json.dumps(meta)
+            except (TypeError, ValueError) as exc:
+                raise InvalidInput(f"metadata[{i}] is not JSON-serialisable ({exc}): keep to "
+                                   "str/int/float/bool/list/dict") from None
+    return metas
+
+
+def timestamps_us(created_at: Any, n: int) -> np.ndarray:
+    """created_at (None, a datetime or epoch seconds, one for all or one per memory) -> (n,) int64 microseconds."""
+    now = time.time_ns() // 1000
+    if created_at is None:
+        return np.full(n, now, dtype=np.int64)
+    values = created_at if isinstance(created_at, (list, tuple, np.ndarray)) else [created_at] * n
+    if len(values) != n:
+        raise InvalidInput(f"created_at has {len(values)} values for {n} memories: give one per memory or one for all")
+    out = np.empty(n, dtype=np.int64)
+    for i, value in enumerate(values):
+        if value is None:
+            out[i] = now
+        elif isinstance(value, datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=timezone.utc)
+            out[i] = int(value.timestamp() * 1e6)
+        elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+            if not np.isfinite(value):
+                raise InvalidInput(f"created_at[{i}] is not finite: pass a datetime or epoch seconds")
+            out[i] = int(float(value) * 1e6)
+        else:
+            raise InvalidInput(f"created_at[{i}] is {type(value).__name__}: pass a datetime or epoch seconds")
+    return out
