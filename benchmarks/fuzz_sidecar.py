@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import sys
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_fuzz import SanitizedSidecar, build_sanitized, honest_client, run_fuzzer, sanitizer_reports  # noqa: E402
+from tiered_recall.testing.fuzz import SanitizedSidecar, build_sanitized, honest_client, run_fuzzer, sanitizer_reports
+
+NATIVE = Path(__file__).resolve().parents[1] / "native"
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     if not (args.build / "tr-fuzz-client").exists():
-        build_sanitized(args.build)
+        build_sanitized(NATIVE, args.build)
     log = Path(f"/tmp/tr-fuzz-sidecar-{uuid.uuid4().hex[:8]}.log")
     side = SanitizedSidecar(args.build, f"fzl-{uuid.uuid4().hex[:10]}", log, dim=16, capacity=4000, slots=16)
     ctx = mp.get_context("spawn")

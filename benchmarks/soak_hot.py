@@ -25,7 +25,7 @@ import numpy as np
 
 from tiered_recall.sidecar import HotTier, start_sidecar
 
-from soak import fds, gpu_figures, rss_kb, shm_segments  # same figures as the full soak (benchmarks/ is on sys.path)
+from tiered_recall.testing.process_figures import fds, gpu_figures, rss_kb, shm_segments
 
 ID_SPACE = 1_000_000  # each worker writes ids in [w * ID_SPACE, (w + 1) * ID_SPACE)
 

@@ -1,17 +1,15 @@
-"""Fault injection, short CI versions (issue 8, part 1). The engines live in benchmarks/faults.py, whose
-command line runs the long versions (more kills, more load)."""
+"""Fault injection, short CI versions. The engines live in tiered_recall/testing/faults.py; benchmarks/faults.py
+runs the long versions (more kills, more load)."""
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import faults  # noqa: E402
+from tiered_recall.testing import faults
 
 pytestmark = [pytest.mark.lancedb, pytest.mark.slow]
 
