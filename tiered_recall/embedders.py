@@ -235,10 +235,14 @@ def resolve_embedder(spec: EmbedderSpec = None) -> Embedder:
         raise InvalidInput(
             f"unknown embedder {spec!r}; use 'wordllama', 'wordllama:128', 'minilm', an Embedder or a callable"
         )
+    if isinstance(spec, (WordLlamaEmbedder, MiniLMEmbedder, CallableEmbedder)):
+        return spec
     if isinstance(spec, Embedder):
         if not isinstance(spec.dim, int) or spec.dim < 1:
             raise InvalidInput(f"embedder {spec!r} has dim={spec.dim!r}; it must be a positive int")
-        return spec
+        # another Embedder: its rows are checked and normalised on the way out, like a callable's (the store
+        # trusts what its embedder returns)
+        return CallableEmbedder(spec, dim=spec.dim, name=spec.name)
     if callable(spec):
         return CallableEmbedder(spec)
     raise InvalidInput(f"embedder must be a name, an Embedder or a callable, got {type(spec).__name__}")

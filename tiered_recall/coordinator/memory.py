@@ -171,8 +171,9 @@ class TieredMemory:
         if vectors is None:
             if self.embedder is None:
                 raise InvalidInput("this store has no embedder: pass vectors=... (n, dim) float32")
-            vectors = self.embedder(text_list)
-        vecs = check.unit_rows(vectors, n, self.dim)
+            vecs = check.embedded_rows(self.embedder(text_list), n, self.dim)
+        else:
+            vecs = check.unit_rows(vectors, n, self.dim)
         id_arr = check.new_ids(ids, n, lambda: secrets.randbits(62) + 1)
         sessions = check.per_row(session, n, "session", kind=str)
         roles = check.per_row(role, n, "role", kind=str)
@@ -319,8 +320,8 @@ class TieredMemory:
 
     def _query_vector(self, query: Any) -> np.ndarray:
         if isinstance(query, str):
-            vec = self.embedder([check.query_text(query, self.embedder is not None)])[0]
-            return check.unit_query(vec, self.dim)
+            text = check.query_text(query, self.embedder is not None)
+            return check.embedded_rows(self.embedder([text]), 1, self.dim)[0]
         return check.unit_query(query, self.dim)
 
     def _search_hybrid(self, q: np.ndarray, text: str, k: int, namespace: str | None, where: str | None,

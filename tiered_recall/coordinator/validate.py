@@ -128,6 +128,14 @@ def unit_rows(vectors: Any, n: int, dim_: int) -> np.ndarray:
     return arr / norms[:, None]
 
 
+def embedded_rows(vectors: np.ndarray, n: int, dim_: int) -> np.ndarray:
+    """What the store's own Embedder returned: its contract is (n, dim) finite unit rows (resolve_embedder wraps a
+    plain callable so that it checks and normalises its output), so only the shape is confirmed here."""
+    if vectors.shape != (n, dim_):
+        raise InvalidInput(f"the embedder returned shape {vectors.shape} for {n} texts; expected ({n}, {dim_})")
+    return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
 def unit_query(vector: Any, dim_: int) -> np.ndarray:
     """A (dim,) query -> float32 unit vector."""
     arr = np.asarray(vector)
