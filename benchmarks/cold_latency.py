@@ -19,15 +19,15 @@ import gc
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from tiered_recall.testing.locomo import load_questions  # the recall benchmark's evidence normalisation
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))  # the installed package is the one measured
 os.environ.setdefault("LANCE_LOG", "error")  # LanceDB's per-query deprecation warnings would drown the table
 os.environ.setdefault("RUST_LOG", "error")
 LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
@@ -316,7 +316,6 @@ def run_locomo(args, log) -> list[dict]:
         log(f"  locomo: {LOCOMO} not found, skipped")
         return []
     import faiss
-    from locomo_recall import load_questions  # same folder: evidence normalisation as the recall benchmark
     from tiered_recall.embedders import WordLlamaEmbedder
     from tiered_recall.storage import ColdStore
 

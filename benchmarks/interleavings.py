@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from tiered_recall.testing.interleavings import Failure, run
+from tiered_recall.testing.interleavings import Failure, Mix, run
 
 
 def main() -> int:
@@ -27,6 +27,8 @@ def main() -> int:
     parser.add_argument("--devices", nargs="+", default=["none", "cpu"], choices=["none", "cpu", "cuda"],
                         help="devices the workers draw from (default: none cpu)")
     parser.add_argument("--hot-capacity", type=int, default=40, help="hot-tier rows (default 40)")
+    parser.add_argument("--mix", nargs=6, type=float, metavar=("ADD", "UPSERT", "DELETE", "SEARCH", "REOPEN", "KILL"),
+                        default=None, help="relative weights of the operations (default: 30 10 10 45 2 0.5)")
     parser.add_argument("--store", type=Path, default=None, help="store folder (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
@@ -37,7 +39,8 @@ def main() -> int:
             task = bar.add_task(f"seed {args.seed}", total=args.ops)
             try:
                 result = run(store, seed=args.seed, ops=args.ops, workers=args.workers, devices=tuple(args.devices),
-                             hot_capacity=args.hot_capacity, progress=lambda done: bar.update(task, completed=done))
+                             hot_capacity=args.hot_capacity, mix=None if args.mix is None else Mix(*args.mix),
+                             progress=lambda done: bar.update(task, completed=done))
             except Failure as failure:
                 print(failure, file=sys.stderr)
                 return 1

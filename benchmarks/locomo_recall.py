@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import tempfile
 import time
 from collections import defaultdict
@@ -31,73 +30,12 @@ import numpy as np
 from tiered_recall.embedders import Embedder, resolve_embedder
 from tiered_recall.errors import InvalidInput
 from tiered_recall.ingest import DEFAULT_TEMPLATE, TEMPLATES, ingest
+from tiered_recall.testing.locomo import CATEGORIES, DRAGON, KS, Question, load_questions, recall_table
 
 REPO = Path(__file__).resolve().parent.parent
 
 DATA_FILE = "locomo_dev.json"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo"
-KS = (5, 10, 25)
-CATEGORIES = (1, 2, 3, 4, 5)
-CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-# Maharana et al. 2024, Table 3, DRAGON over dialog turns, all ten conversations.
-DRAGON = {5: 56.7, 10: 66.2, 25: 76.7}
-_DIA_ID = re.compile(r"^D:?(\d+):0*(\d+)$")
-
-
-@dataclass
-class Question:
-    conversation: str
-    text: str
-    category: int
-    evidence: frozenset[str]
-
-
-@dataclass
-class EvidenceStats:
-    normalised: int = 0
-    dropped: int = 0
-    questions_without_evidence: int = 0
-
-
-def normalise_evidence(raw: Sequence[Any], known: set[str], stats: EvidenceStats) -> frozenset[str]:
-    found = set()
-    for entry in raw:
-        for piece in re.split(r"[;,]", str(entry)):
-            piece = piece.strip()
-            if not piece:
-                continue
-            match = _DIA_ID.match(piece)
-            canonical = f"D{int(match.group(1))}:{int(match.group(2))}" if match else piece
-            if canonical != piece or len(str(entry).strip()) != len(piece):
-                stats.normalised += 1
-            if canonical in known:
-                found.add(canonical)
-            else:
-                stats.dropped += 1
-    return frozenset(found)
-
-
-def load_questions(data_file: Path) -> tuple[list[Question], EvidenceStats]:
-    samples = json.loads(data_file.read_text(encoding="utf-8"))
-    stats = EvidenceStats()
-    questions = []
-    for sample in samples:
-        conversation = sample["conversation"]
-        known = {
-            turn["dia_id"]
-            for name, turns in conversation.items()
-            if re.fullmatch(r"session_\d+", name) and isinstance(turns, list)
-            for turn in turns
-        }
-        for qa in sample["qa"]:
-            if qa.get("category") not in CATEGORIES:
-                continue
-            evidence = normalise_evidence(qa.get("evidence") or [], known, stats)
-            if not evidence:
-                stats.questions_without_evidence += 1
-                continue
-            questions.append(Question(sample["sample_id"], qa["question"], int(qa["category"]), evidence))
-    return questions, stats
 
 
 @dataclass
@@ -133,18 +71,6 @@ class ExactSearchSink:
         scores = query_vectors @ matrix.T
         top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         return [[members[j].metadata["dia_id"] for j in row] for row in top]
-
-
-def recall_table(questions: list[Question], retrieved: list[list[str]]) -> dict[str, dict[int, float]]:
-    """{"all" | category: {k: R@k in percent}}."""
-    sums: dict[str, dict[int, float]] = defaultdict(lambda: dict.fromkeys(KS, 0.0))
-    counts: dict[str, int] = defaultdict(int)
-    for question, ranking in zip(questions, retrieved):
-        for group in ("all", str(question.category)):
-            counts[group] += 1
-            for k in KS:
-                sums[group][k] += len(question.evidence & set(ranking[:k])) / len(question.evidence)
-    return {group: {k: 100 * sums[group][k] / counts[group] for k in KS} for group in sums}
 
 
 def run_config(*, data_file: Path, embedder: Embedder, template: str, context_turns: int,

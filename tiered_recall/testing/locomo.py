@@ -1,0 +1,86 @@
+"""The LoCoMo development split as a recall benchmark reads it: questions with their evidence turns (ids normalised
+as the data README says), R@k per category, and the paper's DRAGON figures to compare with."""
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KS = (5, 10, 25)
+CATEGORIES = (1, 2, 3, 4, 5)
+CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+# Maharana et al. 2024, Table 3, DRAGON over dialog turns, all ten conversations.
+DRAGON = {5: 56.7, 10: 66.2, 25: 76.7}
+_DIA_ID = re.compile(r"^D:?(\d+):0*(\d+)$")
+
+
+@dataclass
+class Question:
+    conversation: str
+    text: str
+    category: int
+    evidence: frozenset[str]
+
+
+@dataclass
+class EvidenceStats:
+    normalised: int = 0
+    dropped: int = 0
+    questions_without_evidence: int = 0
+
+
+def normalise_evidence(raw: Sequence[Any], known: set[str], stats: EvidenceStats) -> frozenset[str]:
+    found = set()
+    for entry in raw:
+        for piece in re.split(r"[;,]", str(entry)):
+            piece = piece.strip()
+            if not piece:
+                continue
+            match = _DIA_ID.match(piece)
+            canonical = f"D{int(match.group(1))}:{int(match.group(2))}" if match else piece
+            if canonical != piece or len(str(entry).strip()) != len(piece):
+                stats.normalised += 1
+            if canonical in known:
+                found.add(canonical)
+            else:
+                stats.dropped += 1
+    return frozenset(found)
+
+
+def load_questions(data_file: Path) -> tuple[list[Question], EvidenceStats]:
+    samples = json.loads(data_file.read_text(encoding="utf-8"))
+    stats = EvidenceStats()
+    questions = []
+    for sample in samples:
+        conversation = sample["conversation"]
+        known = {
+            turn["dia_id"]
+            for name, turns in conversation.items()
+            if re.fullmatch(r"session_\d+", name) and isinstance(turns, list)
+            for turn in turns
+        }
+        for qa in sample["qa"]:
+            if qa.get("category") not in CATEGORIES:
+                continue
+            evidence = normalise_evidence(qa.get("evidence") or [], known, stats)
+            if not evidence:
+                stats.questions_without_evidence += 1
+                continue
+            questions.append(Question(sample["sample_id"], qa["question"], int(qa["category"]), evidence))
+    return questions, stats
+
+
+def recall_table(questions: list[Question], retrieved: list[list[str]]) -> dict[str, dict[int, float]]:
+    """{"all" | category: {k: R@k in percent}}."""
+    sums: dict[str, dict[int, float]] = defaultdict(lambda: dict.fromkeys(KS, 0.0))
+    counts: dict[str, int] = defaultdict(int)
+    for question, ranking in zip(questions, retrieved):
+        for group in ("all", str(question.category)):
+            counts[group] += 1
+            for k in KS:
+                sums[group][k] += len(question.evidence & set(ranking[:k])) / len(question.evidence)
+    return {group: {k: 100 * sums[group][k] / counts[group] for k in KS} for group in sums}
