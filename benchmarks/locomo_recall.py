@@ -163,9 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "hybrid" in args.search and args.backend != "tiered":
         parser.error("--search hybrid needs --backend tiered (the BM25 index lives in the cold tier)")
     if args.bm25_weight is not None:
-        import tiered_recall.storage.cold_store as cold_store
+        import tiered_recall.storage._search as cold_search
 
-        cold_store.HYBRID_BM25_WEIGHT = args.bm25_weight
+        cold_search.HYBRID_BM25_WEIGHT = args.bm25_weight
     header = f"{'embedder':<28}{'template':<15}{'ctx':>4}{'mix':>6}{'search':>7}{'R@5':>7}{'R@10':>7}{'R@25':>7}  " + "  ".join(
         f"c{c} R@10" for c in CATEGORIES)
     print(header)

@@ -457,8 +457,8 @@ def _without_lance_caches(memory, me: int) -> dict:
     import gc
 
     cold = memory.cold
-    cold._connected_at_version = -(1 << 62)  # private: make the next check reconnect now
-    cold._maybe_reconnect(cold._table.version)
+    cold._tables.connected_at_version = -(1 << 62)  # private: make the next check reconnect now
+    cold._upkeep.maybe_reconnect(cold._tables.table.version)
     gc.collect()
     trimmed_rss_kb()
     return {"rss_parts_trimmed": rss_parts_kb(me), "malloc": malloc_kb()}

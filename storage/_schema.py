@@ -1,4 +1,4 @@
-"""The cold table's Arrow schema and conversions between caller arrays and Arrow/row dicts."""
+"""The cold table's Arrow schema, conversions between caller arrays and Arrow/row dicts, and SQL filter text."""
 from __future__ import annotations
 
 import json
@@ -89,3 +89,15 @@ def sql_string(value: str) -> str:
 
 def sql_id_list(ids: np.ndarray) -> str:
     return "(" + ",".join(str(int(i)) for i in ids.tolist()) + ")"
+
+
+def filter_sql(namespace: str | None, where: str | None, excluded: np.ndarray | None = None) -> str | None:
+    """One LanceDB filter for a namespace, a caller's where filter and ids to leave out (None: no filter)."""
+    parts = []
+    if namespace is not None:
+        parts.append(f"namespace = {sql_string(namespace)}")
+    if where is not None:
+        parts.append(f"({where})")
+    if excluded is not None and excluded.size:
+        parts.append(f"id NOT IN {sql_id_list(np.unique(excluded))}")
+    return " AND ".join(parts) or None

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-# How the log works (see ColdStore for the reader side):
+# How the log works (_writer.py appends and flushes, _follower.py reads; docs/cold-tier.md tells it in prose):
 # - Files _wal/<gen>.wal, one generation current (the highest). Each starts with a header: the generation, the one
 #   before it, and the LanceDB table versions just before (pre_version) and just after (base_version) the commit
 #   that moved the previous generation's records into the table. Then records: [magic, length, crc32] + payload.

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from tiered_recall.storage import ColdStore
+from tiered_recall.storage import _index as index_module
+from tiered_recall.storage import _search as search_module
 from tiered_recall.storage import cold_store as cold_module
 
 pytestmark = pytest.mark.lancedb
@@ -93,7 +95,7 @@ def test_namespace_filters_apply_inside_the_ann_search(tmp_path, monkeypatch):
     ns[rng.choice(n, 30, replace=False)] = "tiny"       # answered exactly over its own rows
     mid = rng.choice(np.flatnonzero(ns == "big"), 400, replace=False)
     ns[mid] = "mid"                                      # FAISS with an ID-selector bitmap
-    monkeypatch.setattr(cold_module, "_EXACT_SUBSET_MAX", 100)
+    monkeypatch.setattr(search_module, "_EXACT_SUBSET_MAX", 100)
     with open_store(tmp_path / "cold") as store:
         store.add(**rows(ids, v, ns.tolist()))
         store.build_index()
@@ -306,7 +308,7 @@ def test_ivf_that_misses_the_recall_target_falls_back_to_exact_search(tmp_path, 
     v = random_unit(rng, n, dim)
     ids = np.arange(n, dtype=np.int64)
     path = tmp_path / "cold"
-    with caplog.at_level("WARNING", logger=cold_module.__name__):
+    with caplog.at_level("WARNING", logger=index_module.__name__):
         with ColdStore(path, dim=dim, faiss_min_rows=MIN_ROWS, compact_every_s=3600.0) as store:
             store.add(**rows(ids, v))
             assert store.wait_for_index(60)

@@ -188,9 +188,9 @@ def test_background_compaction_yields_to_another_process_holding_the_lock(tmp_pa
 def test_maintenance_reconnects_after_many_versions(tmp_path, monkeypatch, wal):
     """LanceDB's index cache keeps an entry per table version: maintenance opens a fresh connection every
     _LANCE_RECONNECT_VERSIONS versions, and nothing is lost or stale across the switch."""
-    from tiered_recall.storage import cold_store
+    from tiered_recall.storage import _tables
 
-    monkeypatch.setattr(cold_store, "_LANCE_RECONNECT_VERSIONS", 3)
+    monkeypatch.setattr(_tables, "_LANCE_RECONNECT_VERSIONS", 3)
     rng = np.random.default_rng(11)
     n = 60
     v = unit_rows(rng, n)
@@ -353,8 +353,8 @@ def test_storage_failures_become_storage_error(tmp_path, monkeypatch):
 
     def disk_full(*_a, **_k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(store._table, "merge_insert", disk_full)
-    monkeypatch.setattr(store._table, "add", disk_full)
+    monkeypatch.setattr(store._tables.table, "merge_insert", disk_full)
+    monkeypatch.setattr(store._tables.table, "add", disk_full)
     with pytest.raises(StorageError, match="No space left"):
         store.add(**rows([1, 2], v))
     monkeypatch.undo()
@@ -376,14 +376,13 @@ def test_log_failures_become_storage_error_and_flush_failures_keep_rows_logged(s
     monkeypatch.undo()
     assert store.count() == 0
     store.add(**rows([1, 2], v[:2]))  # durable in the log
-    store._flush_table = store._db.open_table("memories")
-    monkeypatch.setattr(store._flush_table, "merge_insert", disk_full)
+    monkeypatch.setattr(store._tables.flush_table, "merge_insert", disk_full)  # the handle flushes commit through
     with pytest.raises(StorageError, match="No space left"):
         store.flush()
     assert store.count() == 2 and store.search(v[1], k=1)[0].tolist() == [2]  # still served from the log
     monkeypatch.undo()
     assert store.flush() == 2
-    assert store._table.count_rows() == 2 and store.get([1, 2])[1]["id"] == 2
+    assert store._tables.table.count_rows() == 2 and store.get([1, 2])[1]["id"] == 2
 
 
 def test_large_tables_search_through_lancedb_with_ann_index(tmp_path):
@@ -443,7 +442,7 @@ def test_stats_lists_versions_again_when_another_process_cleans_one_up_meanwhile
     rng = np.random.default_rng(12)
     with ColdStore(tmp_path / "cold", dim=DIM, wal=False) as store:
         store.add(**rows([1, 2], unit_rows(rng, 2)))
-        table = store._table
+        table = store._tables.table
         real = table.list_versions
         calls = {"n": 0}
 

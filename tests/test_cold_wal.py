@@ -110,7 +110,7 @@ def read_events(proc: subprocess.Popen, until=None, timeout: float = 60.0) -> tu
 def table_ids(store: ColdStore) -> np.ndarray:
     """Every id row LanceDB itself holds (after flushing the log), duplicates included."""
     store.flush()
-    data = store._table.search().select(["id"]).limit(None).to_arrow()
+    data = store._tables.table.search().select(["id"]).limit(None).to_arrow()
     return np.sort(np.asarray(data.column("id").to_numpy(), np.int64))
 
 
@@ -219,7 +219,7 @@ def test_other_processes_see_logged_rows_before_any_flush(tmp_path):
         proc = child(tmp_path, path=path, first=0, count=40, flush_rows=10_000, flush_s=3600, wait_stdin_after=40)
         adds, _ = read_events(proc, until=lambda a, d, k: k == "w")
         assert len(adds) == 40
-        assert reader._table.count_rows() == 0  # nothing flushed: the rows live in the log only
+        assert reader._tables.table.count_rows() == 0  # nothing flushed: the rows live in the log only
         assert reader.count() == 40
         for i in adds[::7]:
             got, scores = reader.search(vec(i)[0], k=1)
@@ -258,7 +258,7 @@ def test_deletes_are_logged_and_get_answers_from_the_log_without_a_flush(tmp_pat
         _add(a, [3], text="again")  # re-added after its delete: the newest operation wins everywhere
         assert b.get([3])[0]["text"] == "again 3" and b.count() == 9
         # Nothing was flushed for any of it: the table is still empty, every answer came from the log.
-        assert a._wal_flushes == 0 and b._wal_flushes == 0 and b._table.count_rows() == 0
+        assert a._writer.flushes == 0 and b._writer.flushes == 0 and b._tables.table.count_rows() == 0
         assert b.flush() == 11  # 9 upserts (3 once, its newest row) + 2 deletes, in one flush
         assert a.get([3])[0]["text"] == "again 3" and a.count() == 9
         check_store(b, set(range(10)) - {4}, {4, 99})
@@ -313,14 +313,14 @@ def test_adds_go_on_during_a_flush_and_are_carried_into_the_next_generation(tmp_
         for i in range(10):
             add(store, i)
         committing, release = threading.Event(), threading.Event()
-        original = store._commit
+        original = store._tables.commit
 
         def slow_commit(what, fn):
             if what.startswith("flush"):
                 committing.set()
                 release.wait(30)
             return original(what, fn)
-        monkeypatch.setattr(store, "_commit", slow_commit)
+        monkeypatch.setattr(store._tables, "commit", slow_commit)
         flusher = threading.Thread(target=store.flush)
         flusher.start()
         assert committing.wait(30)
@@ -331,7 +331,7 @@ def test_adds_go_on_during_a_flush_and_are_carried_into_the_next_generation(tmp_
         release.set()
         flusher.join(30)
         monkeypatch.undo()
-        assert store._table.count_rows() == 10  # the flush took rows 0-9; 10-19 were carried into the new generation
+        assert store._tables.table.count_rows() == 10  # the flush took rows 0-9; 10-19 were carried into the new generation
         gen = store._wal.generations()[-1]
         from tiered_recall.storage._wal import read_header
         fd = store._wal.open_gen(gen)
@@ -388,11 +388,11 @@ def test_a_flush_counts_down_the_operations_it_consumed_not_the_ids_it_committed
         for _ in range(20):
             _add(store, [7])
             assert store.delete([7]) == 1
-        assert store._wal_unflushed == 40
+        assert store._writer.pending_ops == 40
         assert store.flush() == 1  # the last operation of id 7: its delete
-        assert store._wal_unflushed == 0
+        assert store._writer.pending_ops == 0
         _add(store, [1, 2, 3])
-        assert store._wal_unflushed == 3
-        assert store.flush() == 3 and store._wal_unflushed == 0
-        assert store.flush() == 0 and store._wal_flushes == 2
+        assert store._writer.pending_ops == 3
+        assert store.flush() == 3 and store._writer.pending_ops == 0
+        assert store.flush() == 0 and store._writer.flushes == 2
         check_store(store, {1, 2, 3}, {7})

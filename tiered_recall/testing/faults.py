@@ -294,7 +294,7 @@ def _snapshot(store: Path) -> dict[int, tuple]:
     from tiered_recall import TieredMemory
 
     with TieredMemory(store, device="none", embedder=None) as m:  # no model load: only rows are read
-        table = m.cold._table.to_arrow() if hasattr(m.cold, "_table") else None
+        table = m.cold._tables.table.to_arrow() if hasattr(m.cold, "_tables") else None
         if table is None:
             raise RuntimeError("cannot read the cold table")
         ids = table.column("id").to_pylist()

@@ -1,0 +1,370 @@
+"""The cold tier's write path: logged adds and deletes, writes that bypass the log, flushes and the flusher thread."""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import numpy as np
+
+from ..errors import ReadOnlyStore, StorageError
+from ._generations import Bump, WriteGenerations
+from ._lifecycle import Lifecycle
+from ._schema import build_batch, sql_id_list
+from ._tables import LanceTables, storage_message
+from ._wal import Deleted, Note, Rows, WriteAheadLog, decode_record, encode_delete, encode_note, encode_rows
+
+if TYPE_CHECKING:
+    from ._follower import Follower
+
+# Adds of more rows than this bypass the log (after flushing it): one LanceDB commit is cheap per row for a batch.
+_WAL_MAX_ROWS = 1024
+_MAX_FLUSH_BACKOFF_S = 30.0
+_ROW_COLUMNS = ("namespaces", "sessions", "roles", "texts", "metadata_json")
+
+
+def last_operations(records: list, schema) -> tuple[np.ndarray, object | None, int]:
+    """The last logged operation of each id among a generation's `records` [(offset, payload)]: the ids whose last
+    operation is a delete (sorted), an Arrow batch of the newest row of every other id (None if there is none), and
+    how many rows that batch holds. Notes change no rows and are left out."""
+    parts = [r for _, p in records if not isinstance(r := decode_record(p), Note)]
+    rows = [r for r in parts if isinstance(r, Rows)]
+    op_ids = np.concatenate([r.ids for r in parts] or [np.empty(0, np.int64)])
+    is_delete = np.concatenate([np.full(r.ids.shape[0], isinstance(r, Deleted)) for r in parts] or [np.empty(0, bool)])
+    row_at = np.full(op_ids.shape[0], -1, np.int64)
+    row_at[~is_delete] = np.arange(int((~is_delete).sum()))
+    _, last = np.unique(op_ids[::-1], return_index=True)
+    final = np.sort(op_ids.shape[0] - 1 - last)
+    delete_ids = np.sort(op_ids[final][is_delete[final]])
+    keep = row_at[final][~is_delete[final]]
+    if not keep.shape[0]:
+        return delete_ids, None, 0
+    picks = keep.tolist()
+    cols = {name: [v for r in rows for v in getattr(r, name)] for name in _ROW_COLUMNS}
+    cols = {name: [values[i] for i in picks] for name, values in cols.items()}
+    batch = build_batch(schema, ids=np.concatenate([r.ids for r in rows])[keep],
+                        vectors=np.concatenate([r.vectors for r in rows])[keep],
+                        created_at_us=np.concatenate([r.created_at_us for r in rows])[keep],
+                        namespaces=cols["namespaces"], texts=cols["texts"], sessions=cols["sessions"],
+                        roles=cols["roles"], metadata_json=cols["metadata_json"])
+    return delete_ids, batch, int(keep.shape[0])
+
+
+class Writer:
+    """Every write of one store, in the lock order of _wal.py: the flush lock, then the append lock, then the store's
+    lock. Owns the append and flush side of the log: the operations this process logged that no flush has consumed
+    yet (they wake the flusher), the flusher thread and the flush figures; and it bumps the write generations. With
+    no log (wal=False, or a read-only store without one) every write commits to LanceDB before returning."""
+
+    def __init__(self, *, wal: WriteAheadLog | None, follower: "Follower", tables: LanceTables,
+                 generations: WriteGenerations | None, lock: threading.RLock, life: Lifecycle, read_only: bool,
+                 flush_rows: int, flush_s: float, note_writes: Callable[[], None]) -> None:
+        self.wal = wal
+        self._follower = follower
+        self._tables = tables
+        self._generations = generations
+        self._lock = lock
+        self._life = life
+        self._read_only = read_only
+        self._flush_rows = flush_rows
+        self._flush_s = flush_s
+        self._note_writes = note_writes  # a commit for background maintenance to count
+        self.pending_ops = 0  # operations this process logged that no flush has consumed yet
+        self.flushes = 0
+        self.flushed_rows = 0
+        self.last_flush_s: float | None = None
+        self.errors = 0
+        self.last_error: str | None = None
+        self._flusher: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    # ---- adds ----------------------------------------------------------------------------------
+    def add(self, rows: Rows) -> Bump | None:
+        """Upsert checked rows; durable when this returns."""
+        if self.wal is not None and rows.ids.shape[0] <= _WAL_MAX_ROWS:
+            return self._add_logged(rows)
+        batch = build_batch(self._tables.schema, ids=rows.ids, vectors=rows.vectors, namespaces=rows.namespaces,
+                            texts=rows.texts, sessions=rows.sessions, roles=rows.roles,
+                            created_at_us=rows.created_at_us, metadata_json=rows.metadata_json)
+        with self._direct_write():  # runs while the log is empty (see _wal.py)
+            return self._add_committed(rows, batch)
+
+    def _bump_locked(self, ids: np.ndarray, namespaces: list[str] | None) -> Bump | None:
+        """Counts a write of rows `ids` (into `namespaces`; None for a delete) in the write generations before it is
+        acknowledged. It touches the namespaces it writes into and those the ids are in now, which only the mirror
+        knows cheaply: without one the write counts as unplaced. Called under the lock that orders this write after
+        every earlier one (the log's append lock, or a direct write's), with the mirror in step with them."""
+        gens = self._generations
+        if gens is None:
+            return None
+        mirror = self._follower.mirror
+        if mirror is None:
+            return gens.bump(None)
+        return gens.bump(set(namespaces or ()) | mirror.namespaces_of(ids))
+
+    def _add_logged(self, rows: Rows) -> Bump | None:
+        record = encode_rows(rows)
+        with self.wal.locked():
+            self._life.ensure_open()
+            with self._lock:
+                # Every earlier logged write into the mirror first: the ids' namespaces are then known.
+                self._follower.follow_log_locked()
+                bump = self._bump_locked(rows.ids, rows.namespaces)
+            try:
+                self.wal.append(record)  # durable here (fdatasync)
+            except Exception as exc:
+                raise StorageError(storage_message(f"log {rows.ids.shape[0]} rows", self._tables.path, exc)) from exc
+            with self._lock:
+                self._follower.follow_log_locked()  # applies this record (and any other process's before it)
+            self.pending_ops += int(rows.ids.shape[0])
+        if self.pending_ops >= self._flush_rows:
+            self._wake.set()
+        return bump
+
+    def _add_committed(self, rows: Rows, batch) -> Bump | None:
+        ids, n = rows.ids, int(rows.ids.shape[0])
+        tables = self._tables
+
+        def upsert():
+            return (tables.table.merge_insert("id").when_matched_update_all()
+                    .when_not_matched_insert_all().execute(batch))
+
+        with self._lock:
+            self._life.ensure_open()
+            self._follower.sync_locked(defer=False)  # the flush lock is ours: no other writer to wait for
+            bump = self._bump_locked(ids, rows.namespaces)
+            expected = self._follower.mirror_version + 1
+            mirror = self._follower.mirror
+            if mirror is not None and mirror.positions(ids).size == 0:
+                # All ids are new as of the latest version: a plain append skips merge_insert's join.
+                result = tables.commit(f"add {n} rows", lambda: tables.table.add(batch))
+                id_filter = f"id IN {sql_id_list(ids)}"
+                if (result.version != expected
+                        and tables.guard("check for duplicate ids", lambda: tables.table.count_rows(id_filter)) != n):
+                    # Another process committed the same ids meanwhile: keep one row per id, this batch's.
+                    tables.commit("remove duplicate ids", lambda: tables.table.delete(id_filter))
+                    result = tables.commit(f"add {n} rows", upsert)
+            else:
+                result = tables.commit(f"add {n} rows", upsert)
+            self._follower.own_upsert_locked(result.version, rows)
+            self._announce_locked(encode_note("changed", [result.version]), f"log the add of {n} rows")
+        self._note_writes()
+        return bump
+
+    # ---- deletes -------------------------------------------------------------------------------
+    def delete(self, ids: np.ndarray) -> tuple[int, Bump | None]:
+        """Delete checked, unique, non-empty ids: (how many existed, the bump)."""
+        if self.wal is not None and not self._tables.lagging_reads:
+            done = self._delete_logged(ids)
+            if done is not None:
+                return done
+        with self._direct_write():  # logged rows reach LanceDB first, so the delete covers them and none comes back
+            return self._delete_committed(ids)
+
+    def _delete_logged(self, ids: np.ndarray) -> tuple[int, Bump | None] | None:
+        """Log the delete (durable once fdatasynced; the flusher commits it, ordered after every add logged before
+        it). Counts the rows that existed from the mirror, which is exact under the append lock once in step with
+        the table and the log. None without a mirror (nothing to count from): the caller commits directly."""
+        with self.wal.locked():
+            with self._lock:
+                self._life.ensure_open()
+                settled = self._follower.sync_locked()
+                mirror = self._follower.mirror
+                if mirror is None:
+                    return None
+                deleted = int(mirror.positions(ids).shape[0])
+                if deleted == 0:
+                    # Nothing to delete in the table or the log: no record. Unless the mirror's version lags (deferred
+                    # while another writer works) and a write outside this store's log could hold the ids: commit
+                    # directly.
+                    return (0, None) if settled else None
+                bump = self._bump_locked(ids, None)
+            try:
+                self.wal.append(encode_delete(ids))  # durable here (fdatasync)
+            except Exception as exc:
+                what = f"log the delete of {ids.size} rows"
+                raise StorageError(storage_message(what, self._tables.path, exc)) from exc
+            with self._lock:
+                self._follower.follow_log_locked()  # applies this delete (and any record before it) to the mirror
+            self.pending_ops += int(ids.shape[0])
+        if self.pending_ops >= self._flush_rows:
+            self._wake.set()
+        return deleted, bump
+
+    def _delete_committed(self, ids: np.ndarray) -> tuple[int, Bump | None]:
+        tables = self._tables
+        with self._lock:
+            self._life.ensure_open()
+            self._follower.sync_locked(defer=False)  # both log locks are ours: the mirror knows every earlier write
+            bump = self._bump_locked(ids, None)
+            result = tables.commit(f"delete {ids.size} rows", lambda: tables.table.delete(f"id IN {sql_id_list(ids)}"))
+            deleted = int(result.num_deleted_rows)
+            self._follower.own_delete_locked(result.version, ids, deleted)
+            if deleted:
+                self._announce_locked(encode_delete(ids), f"log the delete of {ids.size} rows")
+        if deleted:
+            self._note_writes()
+        return deleted, bump
+
+    # ---- writes that bypass the log ------------------------------------------------------------
+    @contextmanager
+    def _direct_write(self) -> Iterator[None]:
+        """For a write that bypasses the log (delete, large add): both log locks, and the log flushed and empty
+        (see _wal.py). Lock order: flush lock, append lock, then the store's lock."""
+        if self.wal is None:
+            yield
+            return
+        with self.wal.flushing():
+            self._flush_locked()  # the bulk of the log, appends going on meanwhile
+            with self.wal.locked():
+                self._flush_locked(appends_held=True)  # what was appended during that flush; the log is now empty
+                yield
+
+    def _announce_locked(self, record: bytes, what: str) -> None:
+        """After a write that bypassed the log (under _direct_write, so the append lock is ours): tell the other
+        processes through the log before the write is acknowledged (a repeated delete, or a "changed" note), so none
+        of them leaves it out of its mirror while it waits for another writer (see Follower.sync_locked)."""
+        if self.wal is None:
+            return
+        try:
+            self.wal.append(record)
+        except Exception as exc:
+            raise StorageError(storage_message(what, self._tables.path, exc)) from exc
+        self._follower.follow_log_locked()
+
+    # ---- flushes -------------------------------------------------------------------------------
+    def _flush_locked(self, *, appends_held: bool = False) -> int:
+        """Under the flush lock: commit the last logged operation of each id to LanceDB (delete, or upsert of its
+        newest logged row), then start a new log generation. Appends go on during the commit (their records are
+        carried into the new generation) unless the caller holds the append lock (`appends_held`: the log is then
+        empty after). Returns the rows flushed (upserted or deleted)."""
+        if self.wal is None:
+            return 0
+        tables = self._tables
+        with self.wal.locked():
+            gen, records, end = tables.guard("read the write-ahead log", self.wal.pending)
+            # Every operation this process counted so far is in `records` (both are read under the append lock), so
+            # this flush consumes exactly that many of them. Counting down by the ids committed instead would let the
+            # count drift up whenever an id had several operations in one generation (add then delete: two logged,
+            # one committed), until every single write woke the flusher: one LanceDB commit per write.
+            consumed = self.pending_ops
+            if not records:  # another process's flush took them
+                self.pending_ops = 0
+        if not records:
+            return 0
+        t0 = time.perf_counter()
+        delete_ids, batch, upserts = last_operations(records, tables.schema)
+        table = tables.flush_table
+        pre = tables.guard("read the table version", lambda: table.version)
+        version = pre
+        # Deleted and upserted ids are disjoint, so the order of the two commits does not matter; both are
+        # idempotent, so a flusher killed between them (or before the rotation) is simply repeated by the next.
+        if delete_ids.shape[0]:
+            version = tables.commit(f"flush {delete_ids.shape[0]} logged deletes",
+                                    lambda: table.delete(f"id IN {sql_id_list(delete_ids)}")).version
+        if batch is not None:
+            version = tables.commit(f"flush {upserts} logged rows",
+                                    lambda: table.merge_insert("id").when_matched_update_all()
+                                    .when_not_matched_insert_all().execute(batch)).version
+        with self.wal.locked():
+            tables.guard("rotate the write-ahead log", lambda: self.wal.rotate(gen, end, pre, version))
+            self.pending_ops -= consumed  # what was logged during the commit stays counted
+        with self._lock:
+            if not self._life.closed:
+                if tables.lagging_reads:  # this process's reads see its own flush, as they saw its own commits
+                    tables.guard("refresh the table", tables.table.checkout_latest)
+                self._follower.follow_log_locked()  # the rotation: the mirror now reflects the flush's table version
+        flushed = upserts + int(delete_ids.shape[0])
+        self.flushes += 1
+        self.flushed_rows += flushed
+        self.last_flush_s = time.perf_counter() - t0
+        self._note_writes()
+        return flushed
+
+    def flush_now(self) -> int:
+        if self.wal is None or self._life.closed:
+            return 0
+        with self.wal.flushing():
+            return self._flush_locked()
+
+    def flush_for_read(self) -> bool:
+        """Before a read that LanceDB serves: rows still in the log must be in the table. False when the flush failed
+        (disk full, ...): the rows stay durable in the log (get() and the mirror answer from there), while where
+        filters and LanceDB search paths answer without them until a flush succeeds (stats() reports
+        wal_last_error). A read-only store cannot flush: such a read then fails with ReadOnlyStore (stats() says
+        so instead), since it would miss the logged rows."""
+        if self.wal is None or self.wal.pending_bytes() == 0:
+            return True
+        if self._read_only:
+            raise ReadOnlyStore(
+                f"cold tier: {self.wal.pending_bytes()} bytes of writes at {self._tables.path} are still only in its "
+                "write-ahead log, which a read-only process cannot move into the table that this read needs (where "
+                "filters, hybrid search past the log, stats): open the store writable once (or let its writer close "
+                "it), or search without where")
+        try:
+            self.flush_now()
+            return True
+        except StorageError as exc:
+            self.errors += 1
+            self.last_error = str(exc)
+            return False
+
+    def flush_before_stats(self) -> None:
+        """flush_for_read(), with a read-only store's refusal reported in stats() instead of raised."""
+        try:
+            self.flush_for_read()
+        except ReadOnlyStore as exc:
+            self.last_error = str(exc)
+
+    # ---- the flusher ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """On open: replay the log (rows a process logged but did not flush: it died, or is still running) into
+        LanceDB, then start the flusher. A failed replay (a full disk, ...) leaves the rows in the log, served from
+        there, and the flusher retries it."""
+        if self.wal is None or self._read_only:
+            return
+        self.flush_for_read()
+        self._flusher = threading.Thread(target=self._flusher_run, name=f"cold-wal-flusher:{self._tables.path}",
+                                         daemon=True)
+        self._flusher.start()
+
+    def _flusher_run(self) -> None:
+        backoff = self._flush_s
+        while not self._stop.is_set():
+            self._wake.wait(backoff)
+            self._wake.clear()
+            if self._stop.is_set() or self._life.closed:
+                break
+            try:
+                if self.wal.pending_bytes() > 0:
+                    self.flush_now()
+                backoff = self._flush_s
+            except Exception as exc:  # the rows stay in the log; stats() reports the failure; retried later
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                backoff = min(_MAX_FLUSH_BACKOFF_S, backoff * 2)
+
+    def stop(self) -> None:
+        """At close: stop the flusher and flush what is logged, so LanceDB holds every row again (on failure the rows
+        stay in the log and are replayed on the next open)."""
+        if self._flusher is not None:
+            self._stop.set()
+            self._wake.set()
+            self._flusher.join(60)
+        if self.wal is not None and not self._read_only:
+            try:
+                self.flush_now()
+            except Exception as exc:
+                self.errors += 1
+                self.last_error = f"flush at close: {type(exc).__name__}: {exc}"
+
+    def figures(self) -> dict:
+        return {
+            "wal_flushes": self.flushes,
+            "wal_flushed_rows": self.flushed_rows,
+            "wal_last_flush_s": self.last_flush_s,
+            "wal_errors": self.errors,
+            "wal_last_error": self.last_error,
+        }
