@@ -155,6 +155,28 @@ def test_upsert_replaces_delete_removes_and_counts(start):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_replacing_the_last_row_while_a_full_tier_evicts_keeps_the_new_vector(start, backend):
+    """A full tier takes a batch that replaces the row in its last position and adds a new one: making room evicts
+    the least recently used row by moving the last row into its place, so the replaced row moves before its new
+    vector is written. Found by the random interleavings: the old vector and namespace stayed searchable."""
+    rng = np.random.default_rng(12)
+    dim = 8
+    _, hot = start(dim=dim, capacity=4, backend=backend)
+    x = unit_rows(rng, 6, dim)
+    hot.upsert(np.arange(1, 5), x[:4], 1)  # rows 0..3 hold ids 1..4; id 1 is the least recently used
+    evicted = hot.upsert([4, 5], x[4:6], [2, 2])  # id 4 replaced (new vector, namespace 2), id 5 new
+    assert evicted.tolist() == [1]
+    assert sorted(hot.list_ids().tolist()) == [2, 3, 4, 5]
+    assert sorted(hot.list_ids(2).tolist()) == [4, 5] and hot.namespace_rows(2)[0] == 2
+    res = hot.search(x[4].copy(), k=1, namespace_hash=2)
+    assert res.ids[0, 0] == 4 and res.scores[0, 0] == pytest.approx(1.0, abs=2e-3)
+    res = hot.search(x[3].copy(), k=4, namespace_hash=1)  # id 4's old vector and namespace are gone
+    assert 4 not in res.ids[0, : res.hits].tolist()
+    res = hot.search(x[5].copy(), k=1)
+    assert res.ids[0, 0] == 5 and res.scores[0, 0] == pytest.approx(1.0, abs=2e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_list_ids_pages_through_every_row_and_filters_by_namespace(start, backend):
     """LIST_IDS (the coordinator's repair of a stale namespace reads it) returns each hot row once, across pages,
     and only the asked namespace's rows when filtered; deletes and moves between namespaces show at once."""

@@ -250,6 +250,11 @@ int tr_store_upsert(tr_store *s, const int64_t *ids, const uint64_t *ns, const i
         if (rc) return rc;
         free_rows++;
     }
+    /* An eviction moves the last row into the freed one, and that last row can be one this batch replaces:
+     * find the replaced rows again, or their vectors would land in a row another id then takes. */
+    if (*n_evicted)
+        for (uint32_t i = 0; i < count; i++)
+            if (s->scratch_rows[i] < UINT64_MAX - 1) s->scratch_rows[i] = (uint64_t)map_get(s, ids[i]);
     for (uint32_t i = 0; i < count; i++) {
         if (s->scratch_rows[i] != UINT64_MAX - 1) continue;
         int64_t r = (int64_t)s->rows++;
