@@ -58,11 +58,10 @@ static int open_device(cuda_backend *b, int device, char *err, size_t errlen) {
 }
 
 /* Zero-copy results: register the segment once (mapped) so the merge kernel writes each query's ids and scores
- * straight into its slot; the host then only publishes DONE. TR_CUDA_ZERO_COPY=0 turns it off; a failed
- * registration falls back to the pinned buffer. */
+ * straight into its slot; the host then only publishes DONE. A failed registration (or --test-no-zero-copy) leaves
+ * the results to the pinned buffer, copied into the slots at poll. */
 static void register_segment(cuda_backend *b, const tr_backend_config *cfg) {
-    const char *zc = getenv("TR_CUDA_ZERO_COPY");
-    if (cfg->segment && cfg->segment_bytes && !(zc && zc[0] == '0')) {
+    if (cfg->segment && cfg->segment_bytes && !cfg->cuda.test_no_zero_copy) {
         if (cudaHostRegister(cfg->segment, cfg->segment_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable) ==
             cudaSuccess) {
             void *dev = NULL;
@@ -81,9 +80,7 @@ static void register_segment(cuda_backend *b, const tr_backend_config *cfg) {
                     "pinned buffer\n", cudaGetErrorString(re));
         }
     }
-    const char *v = getenv("TR_CUDA_VERBOSE");
-    if (v && v[0] == '1')
-        fprintf(stderr, "tr-sidecar: cuda: zero-copy results %s\n", b->seg_registered ? "on" : "off");
+    if (b->verbose) fprintf(stderr, "tr-sidecar: cuda: zero-copy results %s\n", b->seg_registered ? "on" : "off");
 }
 
 /* The rows, their ids and namespaces, and the per-query scan's partial lists. */
@@ -110,11 +107,10 @@ static int alloc_rows(cuda_backend *b, const tr_backend_config *cfg, char *err, 
 
 /* The batched tensor-core scan (f16 rows, when a two-tile block's shared memory fits): its lists and ticket. */
 static int setup_batched(cuda_backend *b, int device, char *err, size_t errlen) {
-    const char *mma = getenv("TR_CUDA_MMA");
     int optin = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     b->smem_optin = (size_t)optin;
-    b->mma_ok = b->dtype == TR_DTYPE_F16 && !(mma && mma[0] == '0') && batch_smem(b, 2) <= b->smem_optin;
+    b->mma_ok = b->dtype == TR_DTYPE_F16 && batch_smem(b, 2) <= b->smem_optin;
     if (!b->mma_ok) return 0;
     const size_t parts = (size_t)TR_BQ_MAX * b->grid_max * TR_BQ_MAX_K;
     CUDA_TRY(cudaMalloc(&b->bpart_s, parts * sizeof(float)));
@@ -125,10 +121,6 @@ static int setup_batched(cuda_backend *b, int device, char *err, size_t errlen) 
     CUDA_TRY(cudaMemset(b->bpart_n, 0, (size_t)TR_BQ_MAX * b->grid_max * sizeof(unsigned)));
     CUDA_TRY(cudaMalloc(&b->bdone, sizeof(unsigned)));
     CUDA_TRY(cudaMemset(b->bdone, 0, sizeof(unsigned)));
-    const char *alt = getenv("TR_CUDA_ALTERNATE");
-    b->alternate = !(alt && alt[0] == '0');
-    const char *fm = getenv("TR_CUDA_FUSE_MAX");
-    b->fuse_max = fm && fm[0] ? (uint32_t)strtoul(fm, NULL, 10) : TR_BQ_FUSE_MAX;
     CUDA_TRY(tr_batch_kernels_allow_smem((int)batch_smem(b, 1), (int)batch_smem(b, 2)));
     return 0;
 }
@@ -156,12 +148,9 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
     b->max_k = cfg->max_k;
     b->device = cfg->device;
     b->elem = cfg->dtype == TR_DTYPE_F16 ? 2 : 4;
-    const char *poison = getenv("TR_CUDA_POISON");
-    b->poison = poison && poison[0] == '1';
-    const char *v = getenv("TR_CUDA_VERBOSE");
-    b->verbose = v && v[0] == '1';
-    const char *pf = getenv("TR_CUDA_PROFILE");
-    b->profile = pf && pf[0] == '1';
+    b->poison = cfg->cuda.test_poison_results;
+    b->verbose = cfg->cuda.verbose;
+    b->profile = cfg->cuda.profile;
     const uint32_t per_vec = 16 / b->elem;
     b->nvec = (cfg->dim + per_vec - 1) / per_vec;
     b->ld = b->nvec * per_vec;
@@ -169,7 +158,7 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
     if (!rc) register_segment(b, cfg);
     if (!rc) rc = alloc_rows(b, cfg, err, errlen);
     if (!rc) rc = setup_batched(b, cfg->device, err, errlen);
-    if (!rc) rc = persist_setup(b, cfg->device, err, errlen);
+    if (!rc) rc = persist_setup(b, cfg->device, &cfg->cuda, err, errlen);
     if (!rc && cudaDeviceSynchronize() != cudaSuccess) {
         snprintf(err, errlen, "CUDA error at start-up: %s", cudaGetErrorString(cudaGetLastError()));
         rc = TR_E_INTERNAL;

@@ -47,22 +47,19 @@ typedef struct cuda_backend {
     unsigned char *hstage_dev;
     size_t hstage_cap;     /* rows */
     cudaEvent_t stage_free;
-    int poison;            /* TR_CUDA_POISON=1: fill result buffers with garbage before each search */
+    int poison;            /* --test-poison-results: fill result buffers with garbage before each search */
     uint64_t one_trip_max_rows; /* the persistent kernel merges in one trip up to this many rows */
     uint64_t split_max_rows;    /* ... and splits the dimensions among a block's warps up to this many (0: never) */
-    uint64_t split_rpb;         /* rows per block of that kernel: scan blocks = rows / this, up to the grid */
     int persist_split;          /* the running persistent kernel is the split one */
     int persist_tagged;         /* ... takes its batches as tagged messages (the builds with the one-trip merge) */
-    int alternate;         /* walk every other batched pass backward (TR_CUDA_ALTERNATE=0 turns it off) */
-    unsigned passes;       /* batched passes so far (the direction of the next) */
-    /* batched search (f16 rows; TR_CUDA_MMA=0 turns it off) */
+    unsigned passes;       /* batched passes so far: every other one walks backward (BatchParams::backward) */
+    /* batched search (f16 rows, when a two-tile block's shared memory fits) */
     int mma_ok;
     size_t smem_optin;
     float *bpart_s;        /* TR_BQ_MAX x grid_max x TR_BQ_MAX_K */
     long long *bpart_id;
     unsigned *bpart_n;
     unsigned *bdone;       /* fused merge ticket counter */
-    uint32_t fuse_max;     /* batches of up to this many queries per pass run as one launch */
     uint4 *hq16;           /* pinned f16 queries */
     uint4 *dq;             /* their device copy */
     uint32_t bq_cap;       /* queries */
@@ -77,7 +74,7 @@ typedef struct cuda_backend {
     int pending_copy;      /* some results went to the pinned buffer: copy them out when done */
     tr_search_request *preqs;
     uint32_t pn;
-    /* persistent kernel (f16 rows; TR_CUDA_PERSIST=0 turns it off) */
+    /* persistent kernel (f16 rows; --cuda-persist off turns it off) */
     int persist_ok;        /* built and allowed */
     int persist_running;
     int persist_pending;   /* the batch in flight went to the persistent kernel */
@@ -87,8 +84,8 @@ typedef struct cuda_backend {
     unsigned cache_off, cache_rows, cache_stride; /* PersistCtl's row cache fields for the split build */
     unsigned pseq;         /* last seq sent (24 bits, never 0) */
     uint32_t ppolls;
-    unsigned long long pbatches; /* answered by the running kernel (TR_CUDA_VERBOSE=1 logs it at each stop) */
-    int profile;                 /* TR_CUDA_PROFILE=1: mean stage times logged at each stop */
+    unsigned long long pbatches; /* answered by the running kernel (--cuda-verbose logs it at each stop) */
+    int profile;                 /* --cuda-profile: mean stage times logged at each stop */
     unsigned long long psubmit_ns, prof_n, prof_sum[5]; /* host submit->done seen; kernel stages */
     unsigned long long prof_merge_n, prof_merge[3];     /* fused merges: bounds, candidates, final; kept */
     int verbose;
@@ -122,7 +119,7 @@ int cuda_search_poll(void *self, int block, char *err, size_t errlen);
 int cuda_search_many(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen);
 
 /* persist.cu: the persistent kernel's host side */
-int persist_setup(cuda_backend *b, int device, char *err, size_t errlen);
+int persist_setup(cuda_backend *b, int device, const tr_cuda_options *opt, char *err, size_t errlen);
 int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, uint32_t total, char *err, size_t errlen);
 int persist_wait(cuda_backend *b, unsigned seq, int block, char *err, size_t errlen);
 int persist_stop(cuda_backend *b, const char *why, char *err, size_t errlen);

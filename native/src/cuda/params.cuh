@@ -63,23 +63,18 @@ struct QueryInline {
 #define TR_BQ_MCB 2304   /* merge buffer: one 2048-entry round + kept */
 #define TR_MERGE_SLOTS 12       /* the merge's one-trip path: up to this many list slots per thread (G x k) */
 #define TR_MERGE_BOUND_GROUPS 2 /* ... and up to this many groups of 32 lists per warp (G <= 512) */
-/* The persistent kernel with the one-trip merge is a second instantiation, used for tiers up to this many rows
- * (TR_CUDA_ONE_TRIP_MAX_ROWS overrides). In one kernel with the scan, it made the scan slower the more rounds each
- * block walks, path taken or not (H200, 768 dims, go -> last ticket: 100k rows 43.3 -> 43.2 us, 250k 101.6 -> 107.7,
- * 1M 402 -> 425), while its merge is 2.2 us shorter; as its own instantiation the other kernel compiles as before
- * (1M: 403.5 and 402.8 us without it, 402.7 and 401.9 with it). */
-#define TR_ONE_TRIP_MAX_ROWS 131072ull
-/* Tiers of up to grid x the row cache's rows (row_cache_layout: at most TR_SPLIT_MAX_RPB) get a third instantiation,
- * whose scan reads each block's run from shared memory (RowCache) and splits the dimensions among a block's warps
- * (batch_scan_block<1, true>; TR_CUDA_SPLIT_MAX_ROWS lowers the limit, 0 turns it off), with scan
- * blocks of TR_SPLIT_RPB rows (TR_CUDA_SPLIT_ROWS_PER_BLOCK, 1..64): more blocks read at once, more lists to merge.
- * H200, 4,096 x 768, first round / merge / host submit -> done seen, us: unsplit (32 blocks of 128 rows) 7.0 / 2.65
- * / 21.8-22.3; split, 16 rows 3.6 / 4.2 / 20.4-20.5; 32 rows 3.6 / 3.3 / 19.5-19.7; 64 rows 5.3 / 2.9 / 20.7-20.9
- * (before the row cache: the runs came from global memory). */
+/* The persistent kernel has three builds (launch.h: tr_persist_build). The one-trip merge is its own build, taken by
+ * tiers of up to --cuda-one-trip-max-rows: in one kernel with the scan, its code slowed the scan of larger tiers (the
+ * more, the more rounds each block walks), path taken or not; as its own build the other compiles as before. Tiers of
+ * up to grid x the row cache's rows (row_cache_layout: at most TR_SPLIT_MAX_RPB a block; --cuda-split-max-rows lowers
+ * the limit, 0 turns it off) get the split build, whose scan reads each block's run from shared memory (RowCache) and
+ * splits the dimensions among a block's warps (batch_scan_block<1, true>), with scan blocks of TR_SPLIT_RPB rows:
+ * fewer rows a block means more blocks reading at once but more lists to merge (of 16, 32 and 64, 32 answered a
+ * small tier soonest on an H200). */
 #define TR_SPLIT_RPB 32ull
 #define TR_SPLIT_MAX_RPB 64u
 #define TR_BQ_FUSE_MAX 2 /* up to this many queries per pass: the scan's last block merges (one launch);
-                          * more: a merge kernel, one block per query (TR_CUDA_FUSE_MAX overrides) */
+                          * more: a merge kernel, one block per query */
 static_assert(TR_BQ_CB - TR_BQ_ROUND >= TR_BQ_MAX_K, "a flush must leave room for a round");
 static_assert(TR_BQ_MCB - 2048 >= TR_BQ_MAX_K, "merge flush must leave room for a round");
 
@@ -113,7 +108,7 @@ struct BatchInline {
     uint4 v[N];
 };
 
-/* TR_CUDA_PROFILE=1: each block of the persistent kernel adds up where its part of a batch goes
+/* --cuda-profile: each block of the persistent kernel adds up where its part of a batch goes
  * (clock64 between barriers, so per block and exact; one %globaltimer total per batch calibrates them),
  * and the sidecar logs the means at each stop: which part of a small tier's scan is fixed cost. */
 enum {
@@ -136,13 +131,13 @@ enum {
 #define TR_PERSIST_SEQ_MASK 0xFFFFFFu /* seq lives in the top 24 bits of the message tag and of go; 0 is never used */
 
 struct alignas(16) PersistReq {
-    unsigned nq, G, profile, pad1;     /* profile: stamp the stages into mb->stamp (TR_CUDA_PROFILE=1) */
+    unsigned nq, G, profile, pad1;     /* profile: stamp the stages into mb->stamp (--cuda-profile) */
     BatchParams p;
 };
 
 /* The message: the PersistReq and then nq rows of nvec uint4 of f16 queries, as a stream of 32-bit words cut
- * into 12-byte pieces, each sent in a chunk whose fourth word is the tag. Block 0 used to poll one word and then
- * read the batch: two PCIe round trips before go. It now polls the chunks themselves: one. The tag in every chunk
+ * into 12-byte pieces, each sent in a chunk whose fourth word is the tag. Block 0 polls the chunks themselves: one
+ * PCIe round trip before go, where polling a word and then reading the batch takes two. The tag in every chunk
  * is what makes that safe: reads of separate words may be served in any order, so a batch read beside a word
  * read could be older than the word. */
 #define TR_MSG_HEAD TR_CUDA_BLOCK /* chunks block 0 polls at most, one per thread: the parameters and one query of
@@ -157,7 +152,7 @@ __host__ __device__ inline unsigned persist_msg_chunks(unsigned nq, unsigned nve
 }
 
 struct PersistMailbox {
-    alignas(128) unsigned word;        /* host -> device, builds past TR_ONE_TRIP_MAX_ROWS: seq << 8 | nq (nq = 0:
+    alignas(128) unsigned word;        /* host -> device, the rounds build (tiers past the one-trip limit): seq << 8 | nq (nq = 0:
                                         * stop), after req and the queries */
     alignas(128) unsigned done_seq;    /* device -> host: the last seq answered */
     unsigned hits[TR_BQ_MAX];          /* device -> host: hits per query of that batch */
@@ -166,7 +161,7 @@ struct PersistMailbox {
                                         * ticket, done */
     unsigned long long merge_stamp[3]; /* device -> host (profile, merged by the last block): %globaltimer
                                         * after the merge's bounds, after its candidates; candidates kept */
-    alignas(128) PersistReq req;       /* host -> device, builds past TR_ONE_TRIP_MAX_ROWS */
+    alignas(128) PersistReq req;       /* host -> device, the rounds build (tiers past the one-trip limit) */
     /* then TR_BQ_MAX x nvec uint4 of f16 queries (those builds), then the tagged message (the others):
      * max(TR_MSG_HEAD, persist_msg_chunks(TR_BQ_MAX, nvec)) uint4 (persist_msg_area) */
 };
@@ -175,7 +170,7 @@ __host__ __device__ inline uint4 *persist_msg_area(PersistMailbox *mb, unsigned 
 }
 
 struct PersistCtl {                    /* device memory, zeroed before each launch */
-    unsigned go;                       /* builds past TR_ONE_TRIP_MAX_ROWS: seq of the batch copied into dreq/dq */
+    unsigned go;                       /* the rounds build (tiers past the one-trip limit): seq of the batch copied into dreq/dq */
     unsigned ticket;                   /* scan tickets (atomicInc wraps it back to 0) */
     unsigned merge_go;                 /* seq whose per-query merges may start */
     unsigned merge_ticket;

@@ -49,8 +49,7 @@ static cudaError_t row_cache_layout(cuda_backend *b, int per_sm) {
 
 /* The grid every build shares (as many blocks per SM as each build can hold, at most TR_CUDA_BLOCKS_PER_SM), the
  * row cache, and the size limits of the one-trip and split builds. */
-static int persist_layout(cuda_backend *b, int device, char *err, size_t errlen) {
-    const char *pe = getenv("TR_CUDA_PERSIST");
+static int persist_layout(cuda_backend *b, int device, const tr_cuda_options *opt, char *err, size_t errlen) {
     int coop = 0, per_sm = TR_CUDA_BLOCKS_PER_SM; /* lowered to what every build can hold */
     CUDA_TRY(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
     b->psmem = batch_smem(b, 2);
@@ -61,24 +60,15 @@ static int persist_layout(cuda_backend *b, int device, char *err, size_t errlen)
         CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_kernel, k, TR_CUDA_BLOCK, b->psmem));
         if (per_sm_kernel < per_sm) per_sm = per_sm_kernel;
     }
-    const char *otr = getenv("TR_CUDA_ONE_TRIP_MAX_ROWS");
-    b->one_trip_max_rows = otr && otr[0] ? strtoull(otr, NULL, 10) : TR_ONE_TRIP_MAX_ROWS;
-    const char *srpb = getenv("TR_CUDA_SPLIT_ROWS_PER_BLOCK");
-    b->split_rpb = srpb && srpb[0] ? strtoull(srpb, NULL, 10) : TR_SPLIT_RPB;
-    if (b->split_rpb < 1 || b->split_rpb > TR_SPLIT_MAX_RPB) b->split_rpb = TR_SPLIT_RPB;
-    /* TR_CUDA_PERSIST_BLOCKS_PER_SM=1: half the lists to merge, for measuring the trade-off */
-    const char *bps = getenv("TR_CUDA_PERSIST_BLOCKS_PER_SM");
-    if (bps && bps[0] >= '1' && bps[0] - '0' < per_sm) per_sm = bps[0] - '0';
     long grid = (long)per_sm * b->sms;
     if (grid > b->grid_max) grid = b->grid_max;
     b->pgrid = (unsigned)grid;
-    b->persist_ok = coop && grid > 0 && !(pe && pe[0] == '0');
+    b->persist_ok = coop && grid > 0 && opt->persist;
+    b->one_trip_max_rows = opt->one_trip_max_rows;
     CUDA_TRY(row_cache_layout(b, per_sm));
-    const char *smr = getenv("TR_CUDA_SPLIT_MAX_ROWS");
-    /* the split scan reads its runs from the row cache: runs of at most cache_rows, and at least split_rpb */
-    const uint64_t split_cap = b->cache_rows >= b->split_rpb ? (uint64_t)grid * b->cache_rows : 0;
-    b->split_max_rows = smr && smr[0] ? strtoull(smr, NULL, 10) : split_cap;
-    if (b->split_max_rows > split_cap) b->split_max_rows = split_cap;
+    /* the split scan reads its runs from the row cache: runs of at most cache_rows, and at least TR_SPLIT_RPB */
+    const uint64_t split_cap = b->cache_rows >= TR_SPLIT_RPB ? (uint64_t)grid * b->cache_rows : 0;
+    b->split_max_rows = opt->split_max_rows < split_cap ? opt->split_max_rows : split_cap;
     return 0;
 }
 
@@ -112,9 +102,9 @@ static int persist_alloc(cuda_backend *b, char *err, size_t errlen) {
     return 0;
 }
 
-int persist_setup(cuda_backend *b, int device, char *err, size_t errlen) {
+int persist_setup(cuda_backend *b, int device, const tr_cuda_options *opt, char *err, size_t errlen) {
     if (b->mma_ok) {
-        int rc = persist_layout(b, device, err, errlen);
+        int rc = persist_layout(b, device, opt, err, errlen);
         if (!rc && b->persist_ok) rc = persist_alloc(b, err, errlen);
         if (rc) return rc;
     }
@@ -155,7 +145,7 @@ static inline void store16_tagged(uint4 *dst, const unsigned char *src, uint32_t
  * read sees an aligned 16 bytes of one cache line as the one store left them). Words past the message in its last
  * chunk are whatever the stream holds there; the kernel ignores them. */
 static void persist_post(cuda_backend *b, unsigned nq) {
-    if (!b->persist_tagged) { /* the build past TR_ONE_TRIP_MAX_ROWS: the batch, then the word */
+    if (!b->persist_tagged) { /* the rounds build: the batch, then the word */
         memcpy(&b->pmb->req, b->preq, sizeof(PersistReq));
         memcpy(b->pmb + 1, b->pq16, (size_t)nq * b->nvec * sizeof(uint4));
         __atomic_store_n(&b->pmb->word, b->pseq << 8 | nq, __ATOMIC_RELEASE);
@@ -356,7 +346,7 @@ int persist_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, uint32_
     PersistReq *pr = b->preq;
     BatchParams &p = pr->p;
     uint4 *q16 = b->pq16;
-    pr->G = batch_params_init(b, p, b->pgrid, b->persist_split ? b->split_rpb : TR_BQ_ROUND);
+    pr->G = batch_params_init(b, p, b->pgrid, b->persist_split ? TR_SPLIT_RPB : TR_BQ_ROUND);
     uint32_t f = 0;
     for (uint32_t i = 0; i < n; i++) {
         tr_search_request *r = &reqs[i];

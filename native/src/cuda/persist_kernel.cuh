@@ -12,7 +12,7 @@
  * message: 16-byte chunks of 12 bytes of the batch and the tag seq << 8 | nq, each written by one
  * atomic 16-byte store. Block 0 polls the message itself over PCIe (a batch is there when every chunk
  * it spans carries the tag) and relays the chunks as they came into device memory (dq); every other
- * block reads the relay in L2 the same way. (The build for tiers past TR_ONE_TRIP_MAX_ROWS takes the
+ * block reads the relay in L2 the same way. (The build for tiers past the one-trip limit takes the
  * batch in mb->req and the query area, and then the word seq << 8 | nq, which block 0 polls before it
  * reads the batch and copies it into dreq/dq, raising ctl->go for the others: see the kernel.) Every block takes part in every batch (the
  * first G scan their share of rows, the others only take a ticket), so a batch cannot finish while
@@ -116,7 +116,7 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
     __shared__ float wmax[TR_CUDA_WARPS];
     const unsigned tid = threadIdx.x, blk = blockIdx.x, nblocks = gridDim.x;
     const uint4 *mq = reinterpret_cast<const uint4 *>(mb + 1);
-    const bool prof = phase != nullptr; /* TR_CUDA_PROFILE=1: per-block phases (TR_PH_*) */
+    const bool prof = phase != nullptr; /* --cuda-profile: per-block phases (TR_PH_*) */
     constexpr unsigned NREQ = sizeof(PersistReq) / sizeof(uint4);
     const unsigned qstride = (nvec + 3) / 4 * 4 + 1; /* BatchParams::qstride */
     uint4 *sq = bsm;                                  /* the scan's staged queries (batch_scan_block) */
@@ -156,8 +156,8 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
                 }
             }
         } else {
-            /* Tiers past TR_ONE_TRIP_MAX_ROWS: the word, then the batch. The tagged message changed this build's
-             * code enough to slow its scan (H200, 2M x 768: 737 -> 792 us), and one round trip is little there. */
+            /* Tiers past the one-trip limit: the word, then the batch. The tagged message changed this build's
+             * code enough to slow its scan, and one round trip is little at those sizes. */
             /* Each block loads the parameters into sreq and stages the queries into sq in one loop, so
              * their loads are in flight together: block 0 from the mailbox over PCIe (also copying them to
              * dreq/dq for the others), every other block from dreq/dq in L2 once go carries this seq. nq
@@ -182,9 +182,8 @@ persist_kernel(PersistMailbox *mb, PersistReq *dreq, uint4 *dq, PersistCtl *ctl,
             __syncthreads(); /* with tid 0's acquire: the loads below see what the word or go published */
             {
                 /* Only the batch's own query rows: a row past nq feeds only its own column of the mma, whose scores
-                 * nothing reads, so it needs no zeros. Zero-filling the whole tile (8 or 16 rows) took each thread 4
-                 * trips round this loop at 768 dims: staging took 1.3 us even with its code and data warm, 1.7 cold;
-                 * now 0.9 cold (H200, 4,096 x 768, one query). */
+                 * nothing reads, so it needs no zeros. Zero-filling the whole tile (8 or 16 rows) would take each
+                 * thread several trips round this loop at 768 dims, on the latency path of every batch. */
                 const unsigned nq = s_word & 0xFFu;
                 const uint4 *rsrc = blk == 0 ? reinterpret_cast<const uint4 *>(&mb->req) : reinterpret_cast<const uint4 *>(dreq);
                 unsigned profile = 0;

@@ -163,7 +163,7 @@ void stage_query_f16(const cuda_backend *b, const float *query, uint4 *dst) {
  * other pass (BatchParams::backward). Returns the number of runs, i.e. of scanning blocks and partial lists. */
 unsigned batch_params_init(cuda_backend *b, BatchParams &p, unsigned max_blocks, uint64_t min_rpb) {
     memset(&p, 0, sizeof p);
-    p.backward = b->alternate && (b->passes++ & 1u);
+    p.backward = b->passes++ & 1u;
     uint64_t rpb = (b->rows + max_blocks - 1) / max_blocks;
     if (rpb < min_rpb) rpb = min_rpb;
     p.X = b->X;
@@ -260,7 +260,7 @@ static int launch_batched_passes(cuda_backend *b, tr_search_request *reqs, uint3
         p.q = b->dq + (size_t)f0 * b->nvec;
         p.out_hits = b->hres_hits_dev + f0;
         const uint4 *qh = all_inline ? b->hq16 + (size_t)f0 * b->nvec : NULL;
-        CUDA_TRY(tr_launch_batch(p, grid, batch_smem(b, p.nq <= 8 ? 1 : 2), qh, p.nq <= b->fuse_max, b->stream));
+        CUDA_TRY(tr_launch_batch(p, grid, batch_smem(b, p.nq <= 8 ? 1 : 2), qh, p.nq <= TR_BQ_FUSE_MAX, b->stream));
     }
     CUDA_TRY(cudaEventRecord(b->batch_done, b->stream));
     return 0;
