@@ -42,7 +42,7 @@ __device__ __forceinline__ void prof_clock(bool prof, int i) {
  * (persist_kernel). Rows are stride uint4 apart, stride = 4 mod 8: the two rows a quarter-warp reads fall in
  * disjoint banks. Filling it during the scan instead (each lane storing what it loaded), or keeping a path that reads
  * the rows from global memory beside it, made the scan spill (so the split build takes only runs the cache holds).
- * H200, 4,096 rows, first round of the scan: 768 dims 3.8 -> 2.7 us, 384 dims 3.4 -> 2.4 us. */
+ * From the cache, the first round of a small tier's scan takes about two thirds of its time from global memory. */
 struct RowCache {     /* places in the dynamic shared memory, in uint4 */
     unsigned rows;    /* rows of the run x stride */
     unsigned ids;     /* the run's ids, then its namespace hashes */
@@ -79,7 +79,7 @@ __device__ void row_cache_fill(const BatchParams &p, const RowCache &rc, uint4 *
  * filled): the block's warps share out the dimensions as well as the rows: 16 rows per group of warps, each warp
  * of a group scores one part of the dimensions, and the parts are summed through shared memory. A small tier is
  * then scored by every SM at once in one round. Without it a warp walks all dimensions of its 16 rows in
- * 2 x TR_BQ_STAGE-chunk waves, one memory trip each: a block of 16 rows took 4.7 us at 768 dims, whatever the
+ * 2 x TR_BQ_STAGE-chunk waves, one memory trip each, so even a block of 16 rows pays several trips, whatever the
  * tier. */
 template <int NT, bool SPLIT = false>
 __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q_l2, unsigned blk, unsigned G,
@@ -103,7 +103,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
         thr[tid] = -INFINITY;
     }
     /* SPLIT: the parts' barrier orders these before the admission (the split scan always has parts): one barrier
-     * fewer on the latency path (with the select's below, the first round took 0.2 us less at 4,096 rows) */
+     * fewer on the latency path */
     if (!SPLIT) __syncthreads();
 
     const unsigned warp = tid >> 5, lane = tid & 31u, g = lane >> 2, t = lane & 3u;
@@ -128,7 +128,7 @@ __device__ void batch_scan_block(const BatchParams &p, const uint4 *qsrc, bool q
     /* One query tile (the single-request latency path) also: loads the next round's first stage before
      * this round's admission and barriers, so they overlap a memory trip, and keeps two accumulator chains
      * (one mma chain of 2 x nchunk steps otherwise). Two tiles have two chains already, and the prefetch's
-     * registers spilled there (measured together at 100k x 768: scan 48.7 -> 45.5 us). */
+     * registers spilled there. */
     /* SPLIT: a block of up to 64 rows has one round, and a warp few chunks (one chain is enough; registers) */
     constexpr bool kPrefetch = NT == 1 && !SPLIT, kAcc2 = NT == 1 && !SPLIT;
     uint4 a0[TR_BQ_STAGE], b0[TR_BQ_STAGE];

@@ -33,8 +33,8 @@ __device__ void merge_query(const BatchParams &p, unsigned G, unsigned qi, float
     bool merged = false; /* the one-trip path below has the candidates in ms/mid */
     if (ONE_TRIP && total <= TR_MERGE_SLOTS * TR_CUDA_BLOCK && k <= 32 && G <= TR_MERGE_BOUND_GROUPS * TR_CUDA_BLOCK) {
         /* One trip to L2: every thread loads its slots (scores and ids) and its warp's share of the bound's
-         * entries at once, and filters after the bound is known. The bounds first and then the slots in
-         * rounds of 2,048 were four dependent trips at 264 lists (6.9 us of the merge at 100k x 768). Each
+         * entries at once, and filters after the bound is known (the bounds first and then the slots in
+         * rounds of 2,048 would be four dependent trips at a few hundred lists). Each
          * slot's list count is loaded beside it: slots past it hold an earlier pass's entries. */
         float kth[TR_MERGE_BOUND_GROUPS], first[TR_MERGE_BOUND_GROUPS];
         unsigned nb[TR_MERGE_BOUND_GROUPS];

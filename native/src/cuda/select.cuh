@@ -82,8 +82,8 @@ __device__ __forceinline__ RankedPair warp_rank_pair(const float *s, const long 
 /* Ranks entries [0, n) of s/id (shared memory, n <= TR_CUDA_BLOCK, ids distinct) with the whole block and writes
  * those ranked below k to their place in out: each entry gets TR_CUDA_BLOCK / n threads (up to 8; a power of two,
  * so a group sits inside a warp), each counts the entries of its share that rank above it, and the group adds the
- * counts by shuffles. A scan block's list at 4,096 x 768 on an H200 (n = 32): 1.3 us by one warp (each lane's loop
- * of n dependent steps), 1.7 by shuffles in one warp, 0.8 by the block. Every thread of the block must call it. */
+ * counts by shuffles: shorter than one warp's ranking (each lane's loop of n dependent steps, or shuffles across the
+ * warp) for a scan block's list. Every thread of the block must call it. */
 __device__ void block_rank_place(const float *s, const long long *id, unsigned n, unsigned k, float *out_s,
                                  long long *out_id) {
     const unsigned tid = threadIdx.x;
@@ -157,7 +157,7 @@ __device__ unsigned warp_select_block(float *s, long long *id, unsigned n, unsig
 /* A block's final list when it holds at most TR_SELECT_RANK candidates (the split scan: one round of at most
  * TR_SPLIT_MAX_RPB rows), by one warp: each lane ranks its two entries against all n and writes those ranked
  * below k straight to their place in the partial list (ranks are distinct: a block's ids are unique). No bound
- * to sort for and nothing to compact: warp_select_block's path took the lists phase 1.7 us at 4,096 x 768.
+ * to sort for and nothing to compact, which warp_select_block's path would spend most of the lists phase on.
  * Returns min(n, k), what the list holds. */
 __device__ unsigned warp_rank_to_list(const float *s, const long long *id, unsigned n, unsigned k, float *out_s,
                                       long long *out_id) {
