@@ -1,5 +1,7 @@
-/* Every tr-sidecar option in one struct: its defaults (tr_options_defaults), flags, --help and --print-config
- * (options.c). main.c fills it once from the command line and hands the parts to the server and the backend. */
+/* Every tr-sidecar option in one struct (tr_options), filled once from the command line by main.c.
+ *
+ * options.c holds the defaults (tr_options_defaults) and the flag table that the parser, --help and --print-config
+ * read; main.c hands the server its part (tr_server_options) and the backend tr_cuda_options. */
 #ifndef TR_OPTIONS_H
 #define TR_OPTIONS_H
 

@@ -1,5 +1,7 @@
-/* The batched scan (f16 rows, tensor cores): batch_scan_block, one block's share of a pass, shared by the launched
- * batch_scan_kernel and the persistent kernel; the split build's row cache. */
+/* The batched tensor-core scan of f16 rows: batch_scan_block, batch_scan_kernel and the split build's row cache.
+ *
+ * batch_scan_block is one block's share of a pass, shared by the launched batch_scan_kernel and the persistent
+ * kernel. */
 #ifndef TR_CUDA_BATCH_SCAN_CUH
 #define TR_CUDA_BATCH_SCAN_CUH
 

@@ -1,4 +1,4 @@
-/* The CUDA backend's device code as one translation unit: every kernel family, and the launches the host files use.
+/* The CUDA backend's device code as one translation unit: every kernel family and the launches the host files use.
  *
  * The families (one header each): the per-query scan (query_scan.cuh), row writes (row_kernels.cuh), the batched
  * tensor-core scan (batch_scan.cuh) with its selections (select.cuh) and merge (merge.cuh), and the persistent

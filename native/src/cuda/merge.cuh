@@ -1,5 +1,7 @@
-/* The merge of a batched pass: each query's per-block lists into its final top-k (merge_query), by the scan's last
- * block, by the persistent kernel, or by batch_merge_kernel (one block per query). */
+/* The merge of a batched pass: each query's per-block lists into its final top-k (merge_query, batch_merge_kernel).
+ *
+ * merge_query runs in the scan's last block, in the persistent kernel, or in batch_merge_kernel (one block per
+ * query). */
 #ifndef TR_CUDA_MERGE_CUH
 #define TR_CUDA_MERGE_CUH
 

@@ -1,5 +1,4 @@
-/* The persistent kernel's host side: its set-up, the hand-over of a batch (persist_post), start, wait, stop, and
- * the stage profile it logs at each stop.
+/* The persistent kernel's host side: set-up, batch hand-over, start, wait, stop, and the stage profile printout.
  *
  * The kernel (persist_kernel.cuh) runs while searches keep coming: f16 rows, k <= TR_BQ_MAX_K, up to TR_BQ_MAX
  * queries a batch. Anything else on its stream (a write, a launched search) stops it first, and so does an idle

@@ -1,5 +1,6 @@
-/* The persistent kernel: resident blocks that take batches from a pinned mailbox, scan, merge and answer, with no
- * launch per search (the host side: persist.cu). */
+/* The persistent kernel: resident blocks that take each batch from a pinned mailbox, with no launch per search.
+ *
+ * persist_kernel scans, merges and answers; persist_receive takes the tagged message. The host side: persist.cu. */
 #ifndef TR_CUDA_PERSIST_KERNEL_CUH
 #define TR_CUDA_PERSIST_KERNEL_CUH
 

@@ -1,6 +1,8 @@
-/* The CUDA backend's launched searches: one query at a time (search_kernel: any dtype, any k) and batched passes
- * (batch_scan_kernel: f16 rows, k <= TR_BQ_MAX_K, up to TR_BQ_MAX queries a pass), and the asynchronous
- * submit/poll that also hands batches to the persistent kernel (persist.cu).
+/* The CUDA backend's search dispatch: launched searches (per query, batched passes) and the asynchronous submit/poll.
+ *
+ * One query at a time: search_kernel (any dtype, any k). Batched passes: batch_scan_kernel (f16 rows,
+ * k <= TR_BQ_MAX_K, up to TR_BQ_MAX queries a pass). Submit hands a batch to the persistent kernel (persist.cu) when
+ * it can take it.
  *
  * Per-query path (the host thread drives it): the query travels inside the kernel's parameters when
  * dim <= TR_CUDA_INLINE_DIM (no copy at all); larger dims or several queries go through one pinned host buffer that
