@@ -1,11 +1,13 @@
 """A small CUDA-sidecar workload for compute-sanitizer (memcheck, racecheck): writes, moves, searches.
 
-Run by benchmarks/gpu_sanitize.sh with TIERED_RECALL_SIDECAR_WRAPPER="compute-sanitizer --tool ..."
+Run by benchmarks/gpu_sanitize.sh with --wrapper "compute-sanitizer --tool ..." (start_sidecar's wrapper),
 so the sanitizer owns the sidecar process itself. The sidecar exits by itself once this client detaches
 (--exit-when-orphaned), so the sanitizer prints its summary. Exits non-zero on a wrong answer.
 """
 from __future__ import annotations
 
+import argparse
+import shlex
 import sys
 import uuid
 
@@ -15,12 +17,17 @@ from tiered_recall.sidecar import HotTier, start_sidecar
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wrapper", default="", help="a command to run tr-sidecar under, e.g. "
+                        "'compute-sanitizer --tool memcheck' (split as a shell would)")
+    args = parser.parse_args()
+    wrapper = shlex.split(args.wrapper)
     rng = np.random.default_rng(0)
     bad = 0
     # 40,000 rows leave every scan block more than one round (the last partial), walked forward and backward
     for dim, dtype, n in ((100, "f16", 3000), (1100, "f32", 3000), (64, "f16", 40_000)):
         name = f"san-{uuid.uuid4().hex[:8]}"
-        proc = start_sidecar(name, dim=dim, capacity=n, dtype=dtype, backend="cuda", exit_when_orphaned_s=1,
+        proc = start_sidecar(name, dim=dim, capacity=n, dtype=dtype, backend="cuda", exit_when_orphaned_s=1, wrapper=wrapper,
                              ready_timeout_s=300)
         hot = HotTier.attach(name, timeout_s=300)
         x = rng.standard_normal((n, dim)).astype(np.float32)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck and racecheck on the CUDA sidecar process itself (not just its Python
-# client): TIERED_RECALL_SIDECAR_WRAPPER makes start_sidecar run tr-sidecar under the sanitizer,
+# client): cuda_sanitize_workload.py --wrapper makes start_sidecar run tr-sidecar under the sanitizer,
 # with benchmarks/cuda_sanitize_workload.py as the workload. Logs go under $OUT (default results/gpu).
 set -u
 out=${OUT:-results/gpu}
@@ -9,12 +9,12 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/install.lo
 bin=$(python3 -c "from tiered_recall._native import sidecar_executable; print(sidecar_executable())")
 echo "backends: $("$bin" --backends)"
 # does the segment registration (zero-copy results) take effect on this machine?
-TR_CUDA_VERBOSE=1 timeout 20 "$bin" --name zc-check-$$ --dim 768 --capacity 1000 --backend cuda --verbose \
+timeout 20 "$bin" --name zc-check-$$ --dim 768 --capacity 1000 --backend cuda --verbose --cuda-verbose \
   --exit-when-orphaned 1 2>&1 | head -5
 status=0
 for tool in memcheck racecheck; do
-  export TIERED_RECALL_SIDECAR_WRAPPER="compute-sanitizer --tool $tool --error-exitcode 99 --log-file $out/sanitizer-$tool-%p.log"
-  timeout 200 python3 benchmarks/cuda_sanitize_workload.py > "$out/workload-$tool.log" 2>&1
+  wrapper="compute-sanitizer --tool $tool --error-exitcode 99 --log-file $out/sanitizer-$tool-%p.log"
+  timeout 200 python3 benchmarks/cuda_sanitize_workload.py --wrapper "$wrapper" > "$out/workload-$tool.log" 2>&1
   rc=$?
   echo "$tool: workload exit $rc ($(tail -1 "$out/workload-$tool.log"))"
   grep -H "SUMMARY\|Target application returned" "$out"/sanitizer-$tool-*.log

@@ -2,7 +2,7 @@
 # Everything the CUDA backend needs checked, in one GPU-machine call: build report (sm_90, spills),
 # GPU tests (TR_REQUIRE_GPU=1), the persistent kernel's stage profile (persist_profile.py), the
 # benchmark (BENCH_ARGS, default dim 768 at 4096 / 100k / 1M rows, plus QPS with 1/4/16 clients at
-# 100k) with the persistent kernel and again launching per request (TR_CUDA_PERSIST=0,
+# 100k) with the persistent kernel and again launching per request (--cuda-persist off,
 # LAUNCH_BENCH_ARGS), gpu_sanitize.sh (memcheck + racecheck on the sidecar process), then the GPU
 # tests launching per request, in what time is left. Each stage has its own limit (TOTAL_S
 # overall); stray sidecars are killed between stages; at most 8 files land in $OUT.
@@ -32,16 +32,16 @@ step "benchmark 768 (hot_latency.py --backend cuda; persistent kernel)"
 timeout $(left 130) python3 benchmarks/hot_latency.py --backend cuda ${BENCH_ARGS:---dims 768 --rows 4096 100000 1000000} \
     --json "$OUT/hot_latency_cuda.json" --png "$OUT/hot_latency_cuda.png" 2>&1 | tee "$OUT/bench.log" | grep -vE "^\s*$"
 clean
-step "the same, launching per request (TR_CUDA_PERSIST=0), for the ratio"
-TR_CUDA_PERSIST=0 timeout $(left 75) python3 benchmarks/hot_latency.py --backend cuda ${LAUNCH_BENCH_ARGS:---dims 768 --rows 4096 100000 --clients 16} \
+step "the same, launching per request (--cuda-persist off), for the ratio"
+timeout $(left 75) python3 benchmarks/hot_latency.py --backend cuda --cuda-persist off ${LAUNCH_BENCH_ARGS:---dims 768 --rows 4096 100000 --clients 16} \
     --json "$OUT/hot_latency_cuda_launch.json" 2>&1 | grep -vE "^\s*$" | tail -8
 clean
 step "gpu_sanitize.sh (memcheck + racecheck on the sidecar)"
 rm -rf /tmp/san; OUT=/tmp/san timeout $(left 90) bash benchmarks/gpu_sanitize.sh; echo "gpu_sanitize rc=$?"
 for f in /tmp/san/*.log; do echo "##### $f"; head -c 100000 "$f"; done > "$OUT/sanitizer.log" 2>/dev/null
 clean
-step "GPU tests launching per request (TR_CUDA_PERSIST=0; time left: $((TOTAL_S - SECONDS))s)"
-[ $((TOTAL_S - SECONDS)) -gt 20 ] && TR_CUDA_PERSIST=0 TR_REQUIRE_GPU=1 timeout $(left 90) python3 -m pytest \
-    tests/test_batched_search.py tests/test_cuda_backend.py -m gpu -q -p no:cacheprovider -k "not persistent" 2>&1 | tail -4
+step "GPU tests launching per request (--cuda-persist off; time left: $((TOTAL_S - SECONDS))s)"
+[ $((TOTAL_S - SECONDS)) -gt 20 ] && TR_REQUIRE_GPU=1 timeout $(left 90) python3 -m pytest --cuda-persist off \
+    tests/test_batched_search.py tests/test_cuda_backend.py -m gpu -q -p no:cacheprovider -ra 2>&1 | tail -8
 clean
 step done

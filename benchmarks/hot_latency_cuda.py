@@ -101,6 +101,7 @@ def run(args) -> dict:
 
     bw = copy_bandwidth(torch)
     results = {"gpu": torch.cuda.get_device_name(0), "copy_bandwidth_Bps": bw, "k": args.k, "dtype": "f16",
+               "cuda_persist": args.cuda_persist,
                "queries": args.queries, "warmup": args.warmup, "sizes": [], "qps": []}
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + write)", flush=True)
     rows_sorted = sorted(args.rows)
@@ -108,7 +109,8 @@ def run(args) -> dict:
     for dim in args.dims:
         rng = np.random.default_rng([args.seed, dim])
         name = f"bench-{uuid.uuid4().hex[:8]}"
-        proc = start_sidecar(name, dim=dim, capacity=cap, dtype="f16", backend="cuda")
+        proc = start_sidecar(name, dim=dim, capacity=cap, dtype="f16", backend="cuda",
+                             cuda_persist=args.cuda_persist == "on")
         try:
             hot = HotTier.attach(name, timeout_s=60)
             results["search_path"] = hot.search_path
@@ -250,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qps-dim", type=int, default=768)
     parser.add_argument("--qps-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cuda-persist", choices=["on", "off"], default="on",
+                        help="the sidecar's persistent kernel (off: a launch per pass, for the ratio)")
     parser.add_argument("--json")
     parser.add_argument("--png")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """Where a persistent-kernel search spends its time: back-to-back searches against a CUDA sidecar
-started with TR_CUDA_PROFILE=1, then the sidecar's own log of mean stage times (host submit to
+started with --cuda-profile, then the sidecar's own log of mean stage times (host submit to
 done seen; in the kernel: message seen to go, go to last ticket, last ticket to done).
 
     python benchmarks/persist_profile.py --rows 4096 100000 --dim 768
@@ -8,7 +8,6 @@ done seen; in the kernel: message seen to go, go to last ticket, last ticket to 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import uuid
 
@@ -25,12 +24,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1,
                         help="queries per search call (one batch for the kernel: 16 is what 16 clients make)")
     args = parser.parse_args()
-    os.environ["TR_CUDA_VERBOSE"] = "1"
-    os.environ["TR_CUDA_PROFILE"] = "1"
     rng = np.random.default_rng(0)
     for rows in args.rows:
         name = f"prof-{uuid.uuid4().hex[:8]}"
-        proc = start_sidecar(name, dim=args.dim, capacity=rows, dtype="f16", backend="cuda")
+        proc = start_sidecar(name, dim=args.dim, capacity=rows, dtype="f16", backend="cuda", cuda_verbose=True,
+                             cuda_profile=True)
         hot = HotTier.attach(name)
         try:
             for s in range(0, rows, 50_000):

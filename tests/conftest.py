@@ -12,6 +12,12 @@ import pytest
 from tiered_recall import sidecar as sc
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cuda-persist", choices=("on", "off"), default="on",
+                     help="GPU tests: CUDA sidecars run the persistent kernel (on, the default) or launch per pass "
+                          "(off); tests of the persistent kernel itself skip with off")
+
+
 def _cuda_compiled() -> bool:
     try:
         out = subprocess.run([str(sc.sidecar_executable()), "--backends"], capture_output=True, text=True, timeout=10)
@@ -67,6 +73,21 @@ def away_from_the_checkout(tmp_path, monkeypatch) -> None:
     repository root, `python -c` / `-m` would import the source tree, which lacks the installed
     pieces (tiered_recall.storage is mapped in from storage/, the native binaries are built)."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def cuda_options(request: pytest.FixtureRequest) -> dict:
+    """start_sidecar keywords for a CUDA sidecar in a test: poisoned result buffers (a result the kernels failed to
+    write shows up as garbage, not as a stale, plausible answer) and the persistent kernel as --cuda-persist says."""
+    return {"test_poison_results": True, "cuda_persist": request.config.getoption("--cuda-persist") == "on"}
+
+
+@pytest.fixture
+def persistent_kernel(cuda_options: dict) -> dict:
+    """cuda_options for a test of the persistent kernel itself: skips when the run asked for --cuda-persist off."""
+    if not cuda_options["cuda_persist"]:
+        pytest.skip("tests the persistent kernel: this run has --cuda-persist off")
+    return cuda_options
 
 
 @pytest.fixture

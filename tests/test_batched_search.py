@@ -2,9 +2,9 @@
 
 The server gathers every SEARCH published when it passes over the ring and answers them in one
 backend call (search_many: on CUDA one pass over the rows for all queries, tensor cores). On CPU
-the same server path runs with TR_SERVER_BATCH=1 (a loop over search()), so the slot handling is
-checked everywhere; the CUDA case runs on the GPU machine with TR_CUDA_POISON=1, so a result the
-kernels failed to write shows up as garbage.
+the same server path runs with --test-batched-server (a loop over search()), so the slot handling
+is checked everywhere; the CUDA case runs on the GPU machine with --test-poison-results
+(conftest.cuda_options), so a result the kernels failed to write shows up as garbage.
 
 Each client regenerates the rows from the shared seed and checks, per query: hit count, no
 duplicates, best first, the namespace filter, every returned score against its row's exact score,
@@ -118,11 +118,10 @@ def load(hot: HotTier, *, dim: int, n: int, seed: int) -> None:
 
 
 @pytest.mark.parametrize("dim,n,dtype", [(96, 5000, "f32"), (256, 20_000, "f16")])
-def test_concurrent_clients_cpu_batched(monkeypatch, dim, n, dtype):
-    """The server's batched path on the CPU backend (TR_SERVER_BATCH=1)."""
-    monkeypatch.setenv("TR_SERVER_BATCH", "1")
+def test_concurrent_clients_cpu_batched(dim, n, dtype):
+    """The server's batched path on the CPU backend (--test-batched-server)."""
     name = f"t-{uuid.uuid4().hex[:12]}"
-    proc = start_sidecar(name, dim=dim, capacity=n, dtype=dtype, backend="cpu")
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype=dtype, backend="cpu", test_batched_server=True)
     hot = HotTier.attach(name)
     try:
         load(hot, dim=dim, n=n, seed=11)
@@ -135,13 +134,12 @@ def test_concurrent_clients_cpu_batched(monkeypatch, dim, n, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dim,n,mma", [(768, 100_000, "1"), (384, 30_011, "1"), (100, 5_000, "1"), (768, 20_000, "0")])
-def test_concurrent_clients_cuda(monkeypatch, dim, n, mma):
-    """16 client processes against one CUDA sidecar: batched tensor-core pass (and TR_CUDA_MMA=0)."""
-    monkeypatch.setenv("TR_CUDA_POISON", "1")
-    monkeypatch.setenv("TR_CUDA_MMA", mma)
+@pytest.mark.parametrize("dim,n", [(768, 100_000), (384, 30_011), (100, 5_000)])
+def test_concurrent_clients_cuda(cuda_options, dim, n):
+    """16 client processes against one CUDA sidecar: batched tensor-core passes (k = 100 rounds: the per-query
+    kernel)."""
     name = f"t-{uuid.uuid4().hex[:12]}"
-    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda")
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda", **cuda_options)
     hot = HotTier.attach(name)
     try:
         load(hot, dim=dim, n=n, seed=5)
@@ -186,13 +184,12 @@ def run_with_writer(name: str, *, dim: int, n: int, seed: int, dtype: str, clien
     assert writer.returncode == 0, err[-2000:]
 
 
-def test_searches_interleaved_with_writes_cpu_batched(monkeypatch):
+def test_searches_interleaved_with_writes_cpu_batched():
     """Searches gathered for a batch (or in flight) while upserts and pings arrive in the same ring
     pass: the upsert must not clobber the gathered queries, and every answer stays exact."""
-    monkeypatch.setenv("TR_SERVER_BATCH", "1")
     name = f"t-{uuid.uuid4().hex[:12]}"
     dim, n = 64, 3000
-    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f32", backend="cpu")
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f32", backend="cpu", test_batched_server=True)
     hot = HotTier.attach(name)
     try:
         load(hot, dim=dim, n=n, seed=13)
@@ -204,13 +201,12 @@ def test_searches_interleaved_with_writes_cpu_batched(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_searches_interleaved_with_writes_cuda(monkeypatch):
+def test_searches_interleaved_with_writes_cuda(cuda_options):
     """The pipelined CUDA path (a batch in flight while the next is gathered) with writes arriving:
     writes wait for the batch in flight, answers are written in place into the slots."""
-    monkeypatch.setenv("TR_CUDA_POISON", "1")
     name = f"t-{uuid.uuid4().hex[:12]}"
     dim, n = 768, 50_000
-    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda")
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda", **cuda_options)
     hot = HotTier.attach(name)
     try:
         load(hot, dim=dim, n=n, seed=17)
@@ -222,13 +218,13 @@ def test_searches_interleaved_with_writes_cuda(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_cuda_without_zero_copy(monkeypatch):
-    """TR_CUDA_ZERO_COPY=0: results go through the pinned buffer and are copied into the slots."""
-    monkeypatch.setenv("TR_CUDA_POISON", "1")
-    monkeypatch.setenv("TR_CUDA_ZERO_COPY", "0")
+def test_cuda_without_zero_copy(cuda_options):
+    """--test-no-zero-copy (the segment left unregistered, as where registration fails): results go through the
+    pinned buffer and are copied into the slots."""
     name = f"t-{uuid.uuid4().hex[:12]}"
     dim, n = 384, 20_000
-    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda")
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda", test_no_zero_copy=True,
+                         **cuda_options)
     hot = HotTier.attach(name)
     try:
         load(hot, dim=dim, n=n, seed=19)

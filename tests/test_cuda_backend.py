@@ -2,8 +2,9 @@
 
 Every test starts one CUDA and one CPU sidecar on fresh random data (own segment names) and
 compares answers: hit counts equal, scores within f16 tolerance, ids equal up to near-ties.
-The CUDA sidecar runs with TR_CUDA_POISON=1, so a result the kernel failed to write shows up as
-garbage instead of a stale, plausible answer.
+The CUDA sidecar runs with --test-poison-results (conftest.cuda_options), so a result the kernel
+failed to write shows up as garbage instead of a stale, plausible answer; `pytest --cuda-persist off`
+runs them launching per pass (the persistent kernel's own tests then skip).
 """
 from __future__ import annotations
 
@@ -27,17 +28,18 @@ def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 
 
 @pytest.fixture
-def pair(monkeypatch):
-    """pair(dim=, capacity=, dtype=) -> (cuda HotTier, cpu HotTier); both stopped afterwards.
+def pair(cuda_options):
+    """pair(dim=, capacity=, dtype=, **cuda_flags) -> (cuda HotTier, cpu HotTier); both stopped afterwards.
+    cuda_flags: more start_sidecar keywords for the CUDA sidecar (e.g. cuda_verbose=True).
     pair.log_of(hot): that sidecar's log so far."""
-    monkeypatch.setenv("TR_CUDA_POISON", "1")
     started = []
 
-    def _pair(*, dim: int, capacity: int, dtype: str = "f16"):
+    def _pair(*, dim: int, capacity: int, dtype: str = "f16", **cuda_flags):
         tiers = []
         for backend in ("cuda", "cpu"):
             name = f"t-{uuid.uuid4().hex[:12]}"
-            proc = start_sidecar(name, dim=dim, capacity=capacity, dtype=dtype, backend=backend)
+            extra = {**cuda_options, **cuda_flags} if backend == "cuda" else {}
+            proc = start_sidecar(name, dim=dim, capacity=capacity, dtype=dtype, backend=backend, **extra)
             hot = HotTier.attach(name)
             started.append((proc, hot))
             tiers.append(hot)
@@ -133,16 +135,15 @@ def test_passes_that_walk_the_rows_backward_answer_exactly_as_forward_ones(pair)
 
 
 @pytest.mark.parametrize("dim", [100, 768])
-def test_small_tiers_split_the_dimensions_among_warps_and_answer_exactly(pair, monkeypatch, dim):
+def test_small_tiers_split_the_dimensions_among_warps_and_answer_exactly(pair, persistent_kernel, dim):
     """Tiers of up to the row cache's rows per scan block (at most 64; the log says how many) run the persistent
     kernel that reads each block's rows from shared memory and whose warps share out the dimensions (groups of 16
     rows x parts of the dimensions, summed through shared memory). The tier grows through the sizes where a block
     holds 1, part of one group, several groups, or every group partly filled, up to the last size that kernel
     takes and one past it; dim 100 leaves some parts no dimensions at all. Each size
     answers k = 1, 10 and 64, filtered and not, like the CPU reference; the log shows which kernel ran."""
-    monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
     rng = np.random.default_rng([dim, 64])
-    cuda, cpu = pair(dim=dim, capacity=40_000)
+    cuda, cpu = pair(dim=dim, capacity=40_000, cuda_verbose=True)
     on = re.search(r"persistent kernel on \((\d+) blocks\); split scan up to (\d+) rows \(row cache of (\d+) rows",
                    pair.log_of(cuda))
     grid, split_max, cache_rows = (int(v) for v in on.groups())
@@ -172,16 +173,15 @@ def test_small_tiers_split_the_dimensions_among_warps_and_answer_exactly(pair, m
 
 
 @pytest.mark.parametrize("dim", [384, 768])
-def test_the_split_scans_row_cache_never_answers_from_stale_rows(pair, monkeypatch, dim):
+def test_the_split_scans_row_cache_never_answers_from_stale_rows(pair, persistent_kernel, dim):
     """The split scan keeps each block's run of rows in shared memory between searches. Every change must show in
     the next answer: a delete of the last row (the kernel keeps running, only the row count shrinks), a delete that
     moves a row, a replaced vector, a batch of more than 8 queries (its scan reuses the cache's shared memory), and
     namespace filters after unfiltered searches (the hashes come from the cache too). Each search asks for a stored
     row's own vector, so a stale cache shows as a wrong first hit, and every answer matches the CPU reference."""
-    monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
     rng = np.random.default_rng([dim, 4096])
     n, k = 4096, 10
-    cuda, cpu = pair(dim=dim, capacity=2 * n)
+    cuda, cpu = pair(dim=dim, capacity=2 * n, cuda_verbose=True)
     x = unit_rows(rng, n, dim)
     ids = np.arange(n, dtype=np.int64) * 11 + 5
     ns = NS[rng.integers(0, 3, size=n)]
@@ -327,13 +327,12 @@ def test_empty_tier_and_absent_namespace(pair):
     assert got.hits == 7
 
 
-def test_persistent_kernel_serves_pauses_for_writes_and_resumes_after_idle(monkeypatch):
+def test_persistent_kernel_serves_pauses_for_writes_and_resumes_after_idle(persistent_kernel):
     """f16, k <= 64: searches go to the persistent kernel (no launch); a write, or a search that must
     be launched (more than 16 queries, k > 64), stops it first (they need its stream), an idle
-    sidecar stops it, and the first search after any of these answers like the CPU reference. The sidecar's log (TR_CUDA_VERBOSE=1) counts the batches each run of
-    the kernel answered, so a silent fall-back to launching per request fails this test."""
-    monkeypatch.setenv("TR_CUDA_POISON", "1")
-    monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
+    sidecar stops it, and the first search after any of these answers like the CPU reference. The sidecar's log
+    (--cuda-verbose) counts the batches each run of the kernel answered, so a silent fall-back to launching per
+    request fails this test."""
     rng = np.random.default_rng(21)
     dim, n = 256, 5000
     procs, tiers = [], []
@@ -341,8 +340,9 @@ def test_persistent_kernel_serves_pauses_for_writes_and_resumes_after_idle(monke
         for backend in ("cuda", "cpu"):
             name = f"t-{uuid.uuid4().hex[:12]}"
             # idle after 300 ms: the checks between searches never idle the server, the sleeps do
+            extra = {**persistent_kernel, "cuda_verbose": True} if backend == "cuda" else {}
             procs.append(start_sidecar(name, dim=dim, capacity=2 * n, dtype="f16", backend=backend,
-                                       idle_spin_us=300_000))
+                                       idle_spin_us=300_000, **extra))
             tiers.append(HotTier.attach(name))
         cuda, cpu = tiers
         x = unit_rows(rng, n, dim)
@@ -384,17 +384,17 @@ def test_persistent_kernel_serves_pauses_for_writes_and_resumes_after_idle(monke
             p.stop()
 
 
-def test_searches_longer_than_the_idle_spin_keep_the_persistent_kernel_running(monkeypatch):
+def test_searches_longer_than_the_idle_spin_keep_the_persistent_kernel_running(persistent_kernel):
     """The idle timer counts from the server's last answer, not from the last request it took: back-to-back
     searches that each take longer than --idle-spin-us must stay with one run of the persistent kernel. Counted
     from the request (the old rule), the server went to sleep after every such search and stopped the kernel
     before the client could send the next one (4M x 768 rows take ~1.6 ms a search, the default spin is 2 ms).
     A client's own pause (a garbage collection) may still idle the server now and then, so a few stops pass."""
-    monkeypatch.setenv("TR_CUDA_VERBOSE", "1")
     rng = np.random.default_rng(23)
     dim, n, idle_us, searches = 512, 1_000_000, 100, 200
     name = f"t-{uuid.uuid4().hex[:12]}"
-    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda", idle_spin_us=idle_us)
+    proc = start_sidecar(name, dim=dim, capacity=n, dtype="f16", backend="cuda", idle_spin_us=idle_us,
+                         cuda_verbose=True, **persistent_kernel)
     hot = HotTier.attach(name)
     try:
         x = unit_rows(rng, 65536, dim)

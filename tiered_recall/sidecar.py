@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes as C
 import mmap
 import os
-import shlex
 import signal
 import subprocess
 import tempfile
@@ -579,7 +578,7 @@ class SidecarProcess:
         self.name = name
         self.popen = popen
         self.log_path = log_path
-        self.server_pid = popen.pid  # differs when a wrapper (TIERED_RECALL_SIDECAR_WRAPPER) runs it
+        self.server_pid = popen.pid  # differs when a wrapper (start_sidecar(wrapper=...)) runs it
 
     @property
     def pid(self) -> int:
@@ -630,9 +629,27 @@ class SidecarProcess:
             self.popen.wait()
 
 
+def _flag_int(label: str, value, minimum: int = 0) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise InvalidInput(f"{label} must be an int >= {minimum}, got {value!r}")
+    return str(int(value))
+
+
 def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None, backend: str = "cpu",
                  slots: int | None = None, threads: int | None = None, idle_spin_us: int | None = None,
-                 exit_when_orphaned_s: float | None = None, verbose: bool = False) -> list[str]:
+                 exit_when_orphaned_s: float | None = None, verbose: bool = False, gather_us: int | None = None,
+                 cuda_persist: bool | None = None, cuda_one_trip_max_rows: int | None = None,
+                 cuda_split_max_rows: int | None = None, cuda_verbose: bool = False, cuda_profile: bool = False,
+                 test_poison_results: bool = False, test_no_zero_copy: bool = False,
+                 test_batched_server: bool = False) -> list[str]:
+    """The tr-sidecar command line for these options (docs/sidecar-options.md has the table; None: its default).
+
+    gather_us: how long the server waits for the clients of a batch to come back (0: off). cuda_persist: the
+    persistent kernel (False: a launch per pass). cuda_one_trip_max_rows, cuda_split_max_rows: the persistent
+    kernel's builds by tier size. cuda_verbose: log the backend's choices and each persistent-kernel stop;
+    cuda_profile: its stage profile. test_*: flags for tests only (poisoned result buffers, results copied instead
+    of written into the slots, the server's batched path on any backend).
+    """
     validate_name(name)
     if not isinstance(dim, (int, np.integer)) or not 1 <= dim <= L.MAX_DIM:
         raise InvalidInput(f"dim must be an int in 1..{L.MAX_DIM}, got {dim!r}")
@@ -651,11 +668,24 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
     if threads:
         args += ["--threads", str(int(threads))]
     if idle_spin_us is not None:
-        args += ["--idle-spin-us", str(int(idle_spin_us))]
+        args += ["--idle-spin-us", _flag_int("idle_spin_us", idle_spin_us)]
     if exit_when_orphaned_s:
         args += ["--exit-when-orphaned", str(max(1, int(round(exit_when_orphaned_s))))]
-    if verbose:
-        args.append("--verbose")
+    if gather_us is not None:
+        args += ["--gather-us", _flag_int("gather_us", gather_us)]
+    if cuda_persist is not None:
+        if not isinstance(cuda_persist, bool):
+            raise InvalidInput(f"cuda_persist must be True or False, got {cuda_persist!r}")
+        args += ["--cuda-persist", "on" if cuda_persist else "off"]
+    if cuda_one_trip_max_rows is not None:
+        args += ["--cuda-one-trip-max-rows", _flag_int("cuda_one_trip_max_rows", cuda_one_trip_max_rows)]
+    if cuda_split_max_rows is not None:
+        args += ["--cuda-split-max-rows", _flag_int("cuda_split_max_rows", cuda_split_max_rows)]
+    for flag, on in (("--verbose", verbose), ("--cuda-verbose", cuda_verbose), ("--cuda-profile", cuda_profile),
+                     ("--test-poison-results", test_poison_results), ("--test-no-zero-copy", test_no_zero_copy),
+                     ("--test-batched-server", test_batched_server)):
+        if on:
+            args.append(flag)
     return args
 
 
@@ -690,23 +720,36 @@ class DetachedSidecar:
 def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = None, backend: str = "cpu",
                   slots: int | None = None, threads: int | None = None, idle_spin_us: int | None = None,
                   exit_when_orphaned_s: float | None = None, ready_timeout_s: float = 30.0,
-                  detach: bool = False) -> SidecarProcess | DetachedSidecar:
+                  detach: bool = False, gather_us: int | None = None, cuda_persist: bool | None = None,
+                  cuda_one_trip_max_rows: int | None = None, cuda_split_max_rows: int | None = None,
+                  cuda_verbose: bool = False, cuda_profile: bool = False, test_poison_results: bool = False,
+                  test_no_zero_copy: bool = False, test_batched_server: bool = False,
+                  wrapper: Sequence[str] | None = None) -> SidecarProcess | DetachedSidecar:
     """Starts `tr-sidecar` (exec'd, never a fork of this interpreter's state) and waits until it serves.
 
-    detach=True makes it a daemon in its own session that outlives this process (with
-    exit_when_orphaned_s set, it exits once no client has been attached for that long); its
+    The sidecar's options are sidecar_args's. detach=True makes it a daemon in its own session that outlives this
+    process (with exit_when_orphaned_s set, it exits once no client has been attached for that long); its
     readiness comes back through a pipe, so a failed start is reported at once.
+
+    wrapper: a command prefix for tools that must own the sidecar process, e.g. ["compute-sanitizer", "--tool",
+    "memcheck"]. The sidecar is then the wrapper's child, so readiness is taken from a segment created after this
+    start (not with detach).
     """
+    if isinstance(wrapper, (str, bytes)):
+        raise InvalidInput(f"wrapper must be a list of words, e.g. shlex.split({wrapper!r})")
+    wrapper = [str(part) for part in wrapper or ()]
+    if wrapper and detach:
+        raise InvalidInput("wrapper and detach=True do not go together: a daemon forks away from its wrapper")
     args = sidecar_args(name, dim=dim, capacity=capacity, dtype=dtype, backend=backend, slots=slots,
                         threads=threads, idle_spin_us=idle_spin_us, exit_when_orphaned_s=exit_when_orphaned_s,
-                        verbose=True)
+                        verbose=True, gather_us=gather_us, cuda_persist=cuda_persist,
+                        cuda_one_trip_max_rows=cuda_one_trip_max_rows, cuda_split_max_rows=cuda_split_max_rows,
+                        cuda_verbose=cuda_verbose, cuda_profile=cuda_profile,
+                        test_poison_results=test_poison_results, test_no_zero_copy=test_no_zero_copy,
+                        test_batched_server=test_batched_server)
     log_fd, log_name = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
     if detach:
         return _start_detached(name, args, log_fd, Path(log_name), ready_timeout_s)
-    # A command prefix for tools that must own the sidecar process, e.g. compute-sanitizer:
-    # TIERED_RECALL_SIDECAR_WRAPPER="compute-sanitizer --tool memcheck". The sidecar is then a
-    # child of the wrapper, so readiness is taken from a segment created after this start.
-    wrapper = shlex.split(os.environ.get("TIERED_RECALL_SIDECAR_WRAPPER", ""))
     started_ns = time.time_ns()
     try:
         popen = subprocess.Popen(wrapper + args, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,

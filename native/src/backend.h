@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "options.h" /* tr_cuda_options */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -18,6 +20,7 @@ typedef struct tr_backend_config {
     int device;          /* CUDA device ordinal */
     void *segment;       /* the mapped segment (a CUDA backend may register it) */
     uint64_t segment_bytes;
+    tr_cuda_options cuda; /* the CUDA backend's options (--cuda-*, and its --test-* flags) */
 } tr_backend_config;
 
 /* A backend owns the vector rows [0, rows) plus each row's id and namespace hash, so that it

@@ -143,8 +143,8 @@ static int request(void *base, int32_t pid, uint32_t opcode, uint32_t flags, uin
     for (uint32_t polls = 1;; polls++) {
         uint32_t st = tr_load_acquire(&slot->state);
         if (st == TR_SLOT_DONE) break;
-        /* While spinning, the clock is read every 32nd poll: a clock read costs 35 ns on the H200 machine's host
-         * and 130 on the 2-core dev VM, and a poll that reads it sees the answer that much later. */
+        /* While spinning, the clock is read every 32nd poll: a clock read costs tens of ns (more on a VM), and a
+         * poll that reads it sees the answer that much later. */
         if (spinning && (polls & 31u)) {
             tr_cpu_relax();
             continue;

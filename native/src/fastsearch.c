@@ -1,8 +1,7 @@
 /* _trfast: HotTier.search's fast path, a CPython extension around tr_client_search (same protocol as libtrclient).
  *
- * Through ctypes a one-query search cost ~2 us of Python above the bare call (empty tier, CPU sidecar: 4.7 us
- * against 2.7), and 3.5-3.9 us on the GPU machine (6.8-7.3 against 3.3): checks, a per-thread scratch, struct
- * fields set one by one, two result copies. Through this module: 3.2 us here, 4.2-4.5 there. One call checks
+ * Through ctypes a one-query search pays microseconds of Python above the bare call: checks, a per-thread scratch,
+ * struct fields set one by one, two result copies. Through this module most of that goes. One call checks
  * the arguments (numpy's C API: dtype, shape, contiguity), allocates the result arrays, reads the query straight
  * from the caller's array, writes the results straight into the new arrays (the GIL released while it waits)
  * and returns the SearchResult. Anything it does not take (wrong dtype, shape, k, a
@@ -33,8 +32,7 @@ typedef struct {
     PyObject *result_type; /* sidecar.SearchResult */
     /* where result_type keeps ids, scores, hits and service_ns (its __slots__), when it is a class with those four
      * object slots: the result is then built in place, without calling the class (its argument tuple, the call
-     * and __init__'s frame: on the 2-core dev VM, calling SearchResult from Python took 0.36 us, allocating one
-     * bare 0.15); all 0: called */
+     * and __init__'s frame cost about twice the bare allocation); all 0: called */
     Py_ssize_t result_slots[4];
     int inflight;          /* searches inside the segment now, and ... */
     int closed;            /* ... set by close(): no search enters after it (seq_cst on both: either a search sees

@@ -20,11 +20,7 @@
 
 /* Searches gathered in one pass over the ring (backends with search_many). */
 #define TR_BATCH_MAX 64
-/* After a batch of several clients is published, wait up to this long for them to come back (or for as
- * many requests as that batch and the gathered one held) so they share the next pass instead of
- * alternating in two half-size batches. H200, persistent kernel, 100k x 768, 16 clients: 80.8k QPS
- * with 0, 78.4k with 10, 91.4k with 25, 89.7k with 50 (TR_GATHER_US overrides; 0 turns it off). */
-#define TR_GATHER_US_DEFAULT 25
+
 struct search_batch {
     uint32_t n;
     size_t queries;          /* query scratch used (vectors) */
@@ -62,8 +58,7 @@ int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, voi
         snprintf(err, errlen, "out of memory for request scratch space");
         return -1;
     }
-    const char *force_batch = getenv("TR_SERVER_BATCH");
-    if (ops->search_many || (force_batch && force_batch[0] == '1')) {
+    if (ops->search_many || opt->batched_always) {
         /* three batches rotate: gathering, in flight, and the finished one being published */
         for (int i = 0; i < 3; i++) s->owned[i] = calloc(1, sizeof(search_batch));
         s->batch = s->owned[0];
@@ -75,10 +70,7 @@ int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, voi
             return -1;
         }
     }
-    {
-        const char *g = getenv("TR_GATHER_US");
-        s->gather_ns = (g && g[0] ? strtoull(g, NULL, 10) : TR_GATHER_US_DEFAULT) * 1000ull;
-    }
+    s->gather_ns = opt->gather_ns;
     s->last_client_seen_ns = tr_now_ns();
     return tr_store_init(&s->store, h->dim, h->capacity, h->max_upsert_rows, tr_ns_table(seg->base, h),
                          h->ns_entries, &h->namespaces, ops, backend, err, errlen);
@@ -113,18 +105,16 @@ static uint32_t first_not_finite(const float *v, uint32_t d) {
 #define TAKE_PREFETCH_BYTES (16u * 1024u) /* a few queries' worth; past that the hardware prefetcher has the stream */
 
 /* Copies count vectors out of the slot, checks they are finite, normalises when asked. Per vector:
- * exponent bits (all ones: NaN or inf) OR-ed and, when normalising, squares summed in 8 independent lanes; an isfinite
- * branch and one double sum per element was one dependent chain (768 dims: 0.63 -> 0.35 us on a
- * 2-core x86 dev machine), paid on the server's thread by every search. */
+ * exponent bits (all ones: NaN or inf) OR-ed and, when normalising, squares summed in 8 independent lanes: an isfinite
+ * branch and one double sum per element would be one dependent chain, paid on the server's thread by every search. */
 static int take_vectors_to(tr_server *s, tr_slot *slot, const unsigned char *src, uint32_t count,
                            int normalise, float *dst) {
     uint32_t d = s->geo.dim;
     const size_t bytes = (size_t)count * d * sizeof(float);
     /* The client has just written these lines, so they sit in its core's cache (or, demoted, in the shared one),
      * and a copy that reads them in order waits on them a few at a time. Asked for all at once (into L2: its miss
-     * queue is the deep one), they are in flight together. On the H200 machine's host, with the client's prefetch for
-     * write and the finiteness-only check below, an empty-tier 768-dim search from C went from 2.9-3.1 us to
-     * 1.7-2.1 (a ping carrying the same bytes, which the server never reads: 0.8). */
+     * queue is the deep one), they are in flight together. With the client's prefetch for write and the
+     * finiteness-only check below, this copy is most of what a search of an empty tier costs beyond a ping. */
     for (size_t off = 0; off < bytes && off < TAKE_PREFETCH_BYTES; off += 64) __builtin_prefetch(src + off, 0, 2);
     memcpy(dst, src, bytes);
     for (uint32_t i = 0; i < count; i++) {
@@ -355,7 +345,7 @@ static void submit_batch(tr_server *s) {
         b->sync_done = b->rc != 0; /* a failed submit leaves nothing outstanding */
     } else if (s->ops->search_many) {
         b->rc = s->ops->search_many(s->backend, b->req, b->n, b->err, sizeof b->err);
-    } else { /* TR_SERVER_BATCH=1 on a backend without search_many: same path, one call per request */
+    } else { /* --test-batched-server on a backend without search_many: one call per request */
         for (uint32_t i = 0; i < b->n; i++) {
             tr_search_request *r = &b->req[i];
             r->status = s->ops->search(s->backend, r->queries, r->count, r->k, r->filter_ns, r->ns_hash,
@@ -577,8 +567,8 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
         const int busy = served || s->flight || (s->batch && s->batch->n);
         busy_since_clock |= busy;
         /* The clock is read every 64th pass (the sweep and the idle timer need milliseconds, not nanoseconds): a
-         * clock read costs 35 ns on the H200 machine's host and 130 on the 2-core dev VM, and a pass that reads
-         * it sees the next request, or the device's answer, that much later. */
+         * clock read costs tens of ns (more on a VM), and a pass that reads it sees the next request, or the
+         * device's answer, that much later. */
         if (++passes & 63u) {
             if (!busy) tr_cpu_relax();
             continue;

@@ -14,6 +14,8 @@ typedef struct tr_server_options {
     uint64_t exit_when_orphaned_ns; /* exit when no client has been attached this long (0 = never) */
     int verbose;
     int ready_fd;                /* written "ready PID\n" and closed once serving (-1 = none) */
+    uint64_t gather_ns;          /* the gather window (below; 0 = off) */
+    int batched_always;          /* gather searches into batches on a backend without search_many too (tests) */
 } tr_server_options;
 
 typedef struct tr_server {
@@ -39,8 +41,8 @@ typedef struct tr_server {
     uint32_t n_free;
     /* gather window: after a batch of several requests was published, wait up to gather_ns for
      * its clients to come back (until gather_target requests are gathered) before launching, so
-     * concurrent clients share one pass instead of alternating between two half batches.
-     * TR_GATHER_US (microseconds; default 0 = off). */
+     * concurrent clients share one pass instead of alternating between two half batches
+     * (--gather-us; 0 = off). */
     uint64_t gather_ns;
     uint64_t gather_until;  /* 0: no window open */
     uint32_t gather_target;

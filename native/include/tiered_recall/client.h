@@ -26,9 +26,9 @@ typedef struct tr_call_result {
     char message[TR_MESSAGE_BYTES];
 } tr_call_result;
 
-/* One search, passed by one pointer: ctypes converts each argument of a call at ~0.1 us apiece, so a search
- * with twelve arguments cost ~1.9 us of Python before it reached C, and one pointer to a struct the caller
- * keeps (changing only k, flags and namespace between calls) costs ~0.3 us. */
+/* One search, passed by one pointer: ctypes converts each argument of a call separately, so a search with twelve
+ * arguments pays that twelve times in Python before it reaches C; one pointer to a struct the caller keeps
+ * (changing only k, flags and namespace between calls) pays it once. */
 typedef struct tr_search_call {
     void *base;             /* the mapped segment */
     const float *queries;   /* nq x dim float32 */

@@ -1,0 +1,37 @@
+/* The device side as the host files see it: kernel launches and attributes, defined in kernels.cu. */
+#ifndef TR_CUDA_LAUNCH_H
+#define TR_CUDA_LAUNCH_H
+
+#include "params.cuh"
+
+/* The per-query scan of one query (p.qptr, or q_inline: dim floats that ride in the kernel parameters when the
+ * query has at most TR_CUDA_INLINE_DIM; NULL: read through p.qptr). smem: ld floats. */
+cudaError_t tr_launch_search(bool f16, const SearchParams &p, unsigned grid, size_t smem, const float *q_inline,
+                             unsigned dim, cudaStream_t stream);
+
+/* One batched pass of p.nq <= TR_BQ_MAX queries (one query tile up to 8, two above): q_inline holds them when they
+ * fit the kernel parameters (p.nq x p.nvec <= TR_BQ_INLINE uint4), else NULL (read from p.q). fused: the scan's
+ * last block merges (one launch); otherwise batch_merge_kernel merges, one block per query. smem: batch_smem. */
+cudaError_t tr_launch_batch(const BatchParams &p, unsigned grid, size_t smem, const uint4 *q_inline, bool fused,
+                            cudaStream_t stream);
+/* Allows the batched scan kernels the dynamic shared memory of one (smem1) and two (smem2) query tiles. */
+cudaError_t tr_batch_kernels_allow_smem(int smem1, int smem2);
+
+/* Writes n staged rows (staged: n x nvec uint4, then their ids, namespaces and row numbers) into their slots. */
+cudaError_t tr_launch_scatter_rows(uint4 *X, int64_t *ids, uint64_t *ns, const uint4 *staged, const int64_t *sids,
+                                   const uint64_t *sns, const uint64_t *rows, unsigned n, unsigned nvec,
+                                   cudaStream_t stream);
+/* Copies row src (vector, id, namespace) over row dst. */
+cudaError_t tr_launch_move_row(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t dst, uint64_t src, unsigned nvec,
+                               cudaStream_t stream);
+
+/* The persistent kernel's three builds (persist_kernel.cuh), for cudaLaunchCooperativeKernel and attributes. */
+enum tr_persist_build {
+    TR_PERSIST_ROUNDS,   /* tiers past the one-trip limit: the word-then-batch hand-over, the merge in rounds */
+    TR_PERSIST_ONE_TRIP, /* the tagged message and the one-trip merge */
+    TR_PERSIST_SPLIT,    /* ... and the split scan over the row cache */
+    TR_PERSIST_BUILDS
+};
+const void *tr_persist_kernel(int build);
+
+#endif
