@@ -13,12 +13,12 @@ import argparse
 import json
 import os
 import sys
-import time
 import uuid
 
 import numpy as np
 
 from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.testing.timing import time_calls
 
 
 def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -30,17 +30,6 @@ def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 def percentiles(samples_ns: list[int]) -> dict:
     a = np.asarray(samples_ns, dtype=np.float64) / 1e3
     return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)), "n": len(a)}
-
-
-def time_calls(fn, queries: np.ndarray, warmup: int) -> list[int]:
-    for q in queries[:warmup]:
-        fn(q)
-    out = []
-    for q in queries:
-        t0 = time.perf_counter_ns()
-        fn(q)
-        out.append(time.perf_counter_ns() - t0)
-    return out
 
 
 def numpy_search(x: np.ndarray, k: int):
@@ -113,10 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the figures to this file")
     args, extra = parser.parse_known_args(argv)
     if args.backend == "cuda":
-        # the CUDA contenders (PyTorch, CuPy), sizes, QPS and the PNG live in hot_latency_cuda.py
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from hot_latency_cuda import main as cuda_main
-        return cuda_main(sys.argv[1:] if argv is None else argv)
+        # the CUDA contenders (PyTorch, CuPy), sizes, QPS and the PNG live in hot_latency_cuda.py: run it instead
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hot_latency_cuda.py")
+        os.execv(sys.executable, [sys.executable, script, *(sys.argv[1:] if argv is None else argv)])
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     results = run_cpu(args)
