@@ -13,7 +13,7 @@ import uuid
 
 import numpy as np
 
-from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.hot import HotTier, start_sidecar
 
 
 def main() -> int:

@@ -6,7 +6,7 @@ set -u
 out=${OUT:-results/gpu}
 mkdir -p "$out"
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/install.log" 2>&1 || { tail -40 "$out/install.log"; exit 1; }
-bin=$(python3 -c "from tiered_recall._native import sidecar_executable; print(sidecar_executable())")
+bin=$(python3 -c "from tiered_recall.hot.native import sidecar_executable; print(sidecar_executable())")
 echo "backends: $("$bin" --backends)"
 # does the segment registration (zero-copy results) take effect on this machine?
 timeout 20 "$bin" --name zc-check-$$ --dim 768 --capacity 1000 --backend cuda --verbose --cuda-verbose \

@@ -17,7 +17,7 @@ import uuid
 
 import numpy as np
 
-from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.hot import HotTier, start_sidecar
 from tiered_recall.testing.timing import time_calls
 
 

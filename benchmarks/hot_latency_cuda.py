@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.hot import HotTier, start_sidecar
 from tiered_recall.testing.timing import time_calls
 
 TARGET_US = {(4096, 768): 17.0, (100_000, 768): 60.0, (1_000_000, 768): 460.0}

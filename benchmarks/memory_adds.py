@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from tiered_recall import TieredMemory
-from tiered_recall.sidecar import HotTier
+from tiered_recall.hot import HotTier
 
 
 def unit_rows(rng, n, dim):

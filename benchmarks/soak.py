@@ -508,7 +508,7 @@ def _diff_kinds(a: dict, b: dict) -> dict:
 def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, progress: bool = True,
         reopen_warmup: int | None = None) -> dict:
     reopen_warmup = warmup if reopen_warmup is None else reopen_warmup
-    from tiered_recall.sidecar import segment_path
+    from tiered_recall.hot import segment_path
 
     with tempfile.TemporaryDirectory(prefix="tr-soak-") as tmp:
         store = Path(tmp) / "store"

@@ -23,7 +23,7 @@ import uuid
 
 import numpy as np
 
-from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.hot import HotTier, start_sidecar
 
 from tiered_recall.testing.process_figures import fds, gpu_figures, rss_kb, shm_segments
 

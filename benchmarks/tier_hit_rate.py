@@ -83,7 +83,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 from tiered_recall import TieredMemory  # noqa: E402
 from tiered_recall.policies import LFU, LRU, NamespacePolicy, RecencyWindow, zipf_read_rates  # noqa: E402
-from tiered_recall.sidecar import HotTier, segment_path  # noqa: E402
+from tiered_recall.hot import HotTier, segment_path  # noqa: E402
 
 LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
 K = 10

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tiered_recall import sidecar as sc
+from tiered_recall import hot as sc
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

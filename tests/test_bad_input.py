@@ -275,7 +275,7 @@ def test_hot_tier_client_refuses_bad_input(start):
     dict(dim=8, capacity=-1), dict(dim=8, capacity=4, dtype="int8"), dict(dim=8, capacity=4, backend="tpu"),
 ])
 def test_start_sidecar_refuses_bad_arguments(segment_name, kwargs):
-    from tiered_recall.sidecar import segment_path, start_sidecar
+    from tiered_recall.hot import segment_path, start_sidecar
 
     with pytest.raises(InvalidInput):
         start_sidecar(segment_name, **kwargs)

@@ -21,14 +21,14 @@ import uuid
 import numpy as np
 import pytest
 
-from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.hot import HotTier, start_sidecar
 
 NS = [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 7]
 
 CLIENT = textwrap.dedent(r"""
     import json, sys
     import numpy as np
-    from tiered_recall.sidecar import HotTier
+    from tiered_recall.hot import HotTier
 
     name, dim, n, seed, dtype, rounds, client = sys.argv[1:8]
     dim, n, seed, rounds, client = int(dim), int(n), int(seed), int(rounds), int(client)
@@ -152,7 +152,7 @@ def test_concurrent_clients_cuda(cuda_options, dim, n):
 WRITER = textwrap.dedent(r"""
     import json, sys
     import numpy as np
-    from tiered_recall.sidecar import HotTier
+    from tiered_recall.hot import HotTier
 
     name, dim, n, seed, iters = sys.argv[1:6]
     dim, n, seed, iters = int(dim), int(n), int(seed), int(iters)

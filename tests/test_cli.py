@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tiered_recall.cli import app
-from tiered_recall.sidecar import HotTier, segment_path
+from tiered_recall.hot import HotTier, segment_path
 
 runner = CliRunner()
 # The installed console script: `python -m` from the checkout would import the source tree instead.

@@ -15,7 +15,7 @@ import uuid
 import numpy as np
 import pytest
 
-from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.hot import HotTier, start_sidecar
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.hot import HotTier, start_sidecar
 
 pytestmark = pytest.mark.gpu
 

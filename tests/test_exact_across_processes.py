@@ -95,7 +95,7 @@ def test_whole_store_search_is_exact_after_a_cold_only_write(open_memory, tmp_pa
 def test_a_failed_hot_side_leaves_the_namespace_uncertified(open_memory, tmp_path, monkeypatch):
     """A writer whose hot-tier delete failed (the sidecar refused it) must not leave readers trusting the hot row."""
     from tiered_recall.errors import SidecarError
-    from tiered_recall.sidecar import HotTier
+    from tiered_recall.hot import HotTier
 
     rng = np.random.default_rng(4)
     vectors = unit(rng, 2)

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiered_recall import _layout as L
-from tiered_recall._native import fast_search_module
+from tiered_recall.hot import layout as L
+from tiered_recall.hot.native import fast_search_module
 from tiered_recall.errors import InvalidInput, SidecarUnavailable
-from tiered_recall.sidecar import HotTier, SearchResult
+from tiered_recall.hot import HotTier, SearchResult
 
 BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 
@@ -190,7 +190,7 @@ def test_fast_path_from_many_threads_at_once(loaded):
 
 
 def test_a_fast_path_from_another_version_is_not_used(monkeypatch):
-    from tiered_recall import _native
+    from tiered_recall.hot import native as _native
 
     if _native.fast_search_module() is None:
         pytest.skip("the fast path is not built here (no Python headers)")

@@ -19,7 +19,7 @@ def store(tmp_path):
     import hashlib
     import time
 
-    from tiered_recall.sidecar import segment_path
+    from tiered_recall.hot import segment_path
 
     path = tmp_path / "store"
     yield path

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tiered_recall import _layout as L
-from tiered_recall.sidecar import HotTier
+from tiered_recall.hot import layout as L
+from tiered_recall.hot import HotTier
 from tiered_recall.testing.fuzz import (SanitizedSidecar, build_sanitized, honest_client, run_fuzzer,
                                         sanitizer_reports)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tiered_recall.errors import InvalidInput, SidecarUnavailable
-from tiered_recall.sidecar import SHM_DIR, HotTier, segment_path, sidecar_executable, start_sidecar, validate_name
+from tiered_recall.hot import SHM_DIR, HotTier, segment_path, sidecar_executable, start_sidecar, validate_name
 
 OTHER_UID = 65534
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ attempt("list_store", lambda: os.listdir(store))
 attempt("read_config", lambda: open(os.path.join(store, "tiered_recall.json")).read())
 try:
     sys.path[:0] = sys.argv[4:]
-    from tiered_recall.sidecar import HotTier
+    from tiered_recall.hot import HotTier
     try:
         HotTier.attach(name)
         out["client_attach"] = "allowed"

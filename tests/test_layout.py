@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from tiered_recall import _layout as L
-from tiered_recall.sidecar import sidecar_executable
+from tiered_recall.hot import layout as L
+from tiered_recall.hot import sidecar_executable
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tiered_recall import InvalidInput, TieredMemory
-from tiered_recall._proc import pid_alive
-from tiered_recall.sidecar import HotTier, segment_path
+from tiered_recall.hot.proc import pid_alive
+from tiered_recall.hot import HotTier, segment_path
 
 DIM = 32
 

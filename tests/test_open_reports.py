@@ -67,7 +67,7 @@ def test_a_different_hot_capacity_from_a_running_sidecar_is_reported(open_memory
 @pytest.fixture
 def failing_sidecar(tmp_path, monkeypatch):
     """A tr-sidecar that exits at once, beside the real client library (already loaded by the tests)."""
-    from tiered_recall._native import client_library, fast_search_module, sidecar_executable
+    from tiered_recall.hot.native import client_library, fast_search_module, sidecar_executable
 
     real = sidecar_executable().parent
     client_library(), fast_search_module()

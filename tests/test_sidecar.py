@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tiered_recall import _layout as L
+from tiered_recall.hot import layout as L
 from tiered_recall.errors import HotTierFull, IncompatibleLayout, InvalidInput, SidecarUnavailable
-from tiered_recall.sidecar import HotTier, start_sidecar
+from tiered_recall.hot import HotTier, start_sidecar
 
 BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tiered_recall.errors import InvalidInput
-from tiered_recall.sidecar import sidecar_args, sidecar_executable, start_sidecar
+from tiered_recall.hot import sidecar_args, sidecar_executable, start_sidecar
 
 DEFAULTS = {
     "name": None, "dim": None, "capacity": None, "dtype": "f32", "backend": "cpu", "slots": 32, "slot_bytes": None,

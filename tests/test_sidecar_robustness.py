@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from tiered_recall import _layout as L
+from tiered_recall.hot import layout as L
 from tiered_recall.errors import SidecarUnavailable
-from tiered_recall.sidecar import HotTier, segment_path, start_sidecar
+from tiered_recall.hot import HotTier, segment_path, start_sidecar
 
 
 def _client_worker(name: str, worker: int, rounds: int, queue) -> None:

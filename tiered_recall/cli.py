@@ -79,11 +79,11 @@ def serve(
     threads: Optional[int] = typer.Option(None, help="CPU search threads (default: one per core)."),
 ) -> None:
     """Run a hot-tier sidecar in the foreground until Ctrl-C / SIGTERM (which removes its segment)."""
-    from .sidecar import sidecar_args
+    from .coordinator.link import serve_command
 
     try:
-        args = sidecar_args(name, dim=dim, capacity=capacity, dtype=dtype, backend=backend, slots=slots,
-                            threads=threads, verbose=True)
+        args = serve_command(name, dim=dim, capacity=capacity, dtype=dtype, backend=backend, slots=slots,
+                             threads=threads)
     except TieredRecallError as error:
         _fail(error)
     sys.stdout.flush()

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import InvalidInput, SidecarUnavailable, TieredRecallError
 from ..namespaces import namespace_hash
-from ..sidecar import HotTier, sidecar_executable, start_sidecar
+from ..hot import HotTier, sidecar_args, sidecar_executable, start_sidecar
 from ..storage._generations import slot_of
 from .certificates import HotCertificates, repair
 from .placement import Placement
@@ -62,6 +62,11 @@ def require_cuda(option: str) -> None:
         return
     raise InvalidInput(f"{option}='cuda' but {why}: use {option}='auto' to fall back to the CPU hot tier, "
                        f"or {option}='cpu'")
+
+
+def serve_command(name: str, **options) -> list[str]:
+    """The command line of a sidecar run in the foreground under its own name (tiered-recall serve)."""
+    return sidecar_args(name, verbose=True, **options)
 
 
 def backend_for(device: str) -> str:

@@ -33,9 +33,9 @@ def _open(store: Path, device: str = "cpu"):
 
 
 def sidecar_pid(name: str) -> int:
-    from tiered_recall import _layout as L
-    from tiered_recall._proc import pid_alive
-    from tiered_recall.sidecar import segment_path
+    from tiered_recall.hot import layout as L
+    from tiered_recall.hot.proc import pid_alive
+    from tiered_recall.hot import segment_path
 
     try:
         raw = segment_path(name).read_bytes()[: L.HEADER_BYTES]
@@ -100,7 +100,7 @@ def _load_worker(store: str, worker: int, stop, queue) -> None:
 def sidecar_kills(store: Path, *, kills: int, workers: int = 4, min_gap_s: float = 0.3, max_gap_s: float = 1.5,
                   seed: int = 0) -> dict:
     """Runs `workers` processes adding and searching; SIGKILLs the sidecar `kills` times at random moments."""
-    from tiered_recall.sidecar import HotTier
+    from tiered_recall.hot import HotTier
 
     rnd = random.Random(seed)
     memory = _open(store)
@@ -185,7 +185,7 @@ def sidecar_kills(store: Path, *, kills: int, workers: int = 4, min_gap_s: float
 # ---- 2. SIGKILL a client in the middle of a request ------------------------------------------
 
 def _busy_client(name: str, seed: int, ready) -> None:
-    from tiered_recall.sidecar import HotTier
+    from tiered_recall.hot import HotTier
 
     rng = np.random.default_rng(seed)
     hot = HotTier.attach(name, timeout_s=10)
@@ -202,8 +202,8 @@ def client_kills(*, kills: int, dim: int = 256, slots: int = 2, seed: int = 0, t
     """A client doing large requests is SIGKILLed `kills` times; another client checks its answers all along."""
     import uuid
 
-    from tiered_recall import _layout as L
-    from tiered_recall.sidecar import HotTier, start_sidecar
+    from tiered_recall.hot import layout as L
+    from tiered_recall.hot import HotTier, start_sidecar
 
     name = f"faults-{uuid.uuid4().hex[:10]}"
     proc = start_sidecar(name, dim=dim, capacity=50_000, slots=slots)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _layout as L
-from ..sidecar import HotTier, segment_path
+from ..hot import layout as L
+from ..hot import HotTier, segment_path
 
 SANITIZER_MARKERS = ("AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer", "runtime error:",
                      "SUMMARY: ")

@@ -219,7 +219,7 @@ def run(path: Path, *, seed: int, ops: int, workers: int = 3, devices: tuple[str
         hot_capacity: int = 40, mix: Mix | None = None, progress=None) -> Result:
     """One seeded interleaving of `ops` operations over a new store at `path`; raises Failure on a wrong answer."""
     from tiered_recall.coordinator.link import sidecar_name_of
-    from tiered_recall.sidecar import segment_path
+    from tiered_recall.hot import segment_path
     from tiered_recall.storage import ColdStore
 
     mix = mix or Mix()
@@ -351,7 +351,7 @@ def _check_hybrid(got: list, reference, q: np.ndarray, text: str, k: int, namesp
 
 def _kill_sidecar(segment: Path, sig: int = signal.SIGKILL) -> int:
     """Signals the sidecar that owns `segment` (SIGKILL leaves the segment behind, to be reclaimed); its pid or 0."""
-    from tiered_recall import _layout as L
+    from tiered_recall.hot import layout as L
 
     try:
         raw = segment.read_bytes()[: L.HEADER_BYTES]
@@ -364,7 +364,7 @@ def _kill_sidecar(segment: Path, sig: int = signal.SIGKILL) -> int:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         return 0
-    from tiered_recall._proc import pid_alive
+    from tiered_recall.hot.proc import pid_alive
 
     deadline = time.monotonic() + 5
     while sig == signal.SIGKILL and pid_alive(pid) and time.monotonic() < deadline:

@@ -10,10 +10,10 @@ import warnings
 from functools import lru_cache
 from pathlib import Path
 
-from . import _layout as L
-from .errors import SidecarUnavailable
+from ..errors import SidecarUnavailable
+from . import layout as L
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the _bin folder is beside tiered_recall/__init__.py
 FAST_SEARCH_API = 2  # what HotTier expects of _trfast.FastClient (its API constant): search and close
 
 

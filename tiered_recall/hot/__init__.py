@@ -1,0 +1,10 @@
+"""The hot-tier client: HotTier over a sidecar's shared-memory segment, and starting or stopping the sidecar. It
+imports no cold tier and no LanceDB, so it runs where only the GPU is (the import-linter contracts say so)."""
+from __future__ import annotations
+
+from .client import SHM_DIR, HotTier, SearchResult, segment_path, validate_name
+from .native import sidecar_executable
+from .process import DetachedSidecar, SidecarProcess, sidecar_args, start_sidecar
+
+__all__ = ["HotTier", "SearchResult", "start_sidecar", "sidecar_args", "SidecarProcess", "DetachedSidecar",
+           "segment_path", "validate_name", "sidecar_executable", "SHM_DIR"]
