@@ -1,5 +1,5 @@
 """Fault injection (issue 8, part 1), long version: SIGKILL the sidecar under load, kill clients mid-request,
-kill ingest runs, fill the disk. tests/test_faults.py runs the same engines with small sizes in CI.
+kill ingest runs, fill the disk. tests/coordinator/test_faults.py runs the same engines with small sizes in CI.
 
     python benchmarks/faults.py sidecar-kills --kills 25 --workers 4
     python benchmarks/faults.py client-kills --kills 30

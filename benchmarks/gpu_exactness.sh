@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The exactness checks that need the GPU machine, in one call: the CUDA build, the GPU tests of filtered search
-# against float64 (tests/test_cuda_filtered.py, its table printed), the sidecar's GPU tests, the randomized
+# against float64 (tests/native/test_cuda_filtered.py, its table printed), the sidecar's GPU tests, the randomized
 # cross-process check with a CUDA worker, and the hot path of TieredMemory.search before and after (an older tree
 # built beside this one, alternated, each run in its own process).
 #
@@ -35,14 +35,14 @@ grep -c "0 bytes spill" /tmp/trnew.log | sed 's/^/functions with 0 bytes spilled
 /tmp/trnew/tr-sidecar --backends
 new_env=(env TIERED_RECALL_BIN_DIR=/tmp/trnew PYTHONPATH="$PWD")
 step "GPU tests: filtered search against float64, the sidecar on CUDA"
-TR_REQUIRE_GPU=1 timeout $(left 240) "${new_env[@]}" python3 -m pytest tests/test_cuda_filtered.py -m gpu -q -s \
+TR_REQUIRE_GPU=1 timeout $(left 240) "${new_env[@]}" python3 -m pytest tests/native/test_cuda_filtered.py -m gpu -q -s \
     -p no:cacheprovider -ra --tb=short 2>&1 | tee "$OUT/filtered.log" | grep -vE "^\s*$" | tail -22
 clean
-TR_REQUIRE_GPU=1 timeout $(left 120) "${new_env[@]}" python3 -m pytest tests/test_sidecar.py tests/test_cuda_backend.py \
-    tests/test_batched_search.py -m gpu -q -p no:cacheprovider -ra --tb=short 2>&1 | tail -6
+TR_REQUIRE_GPU=1 timeout $(left 120) "${new_env[@]}" python3 -m pytest tests/hot/test_sidecar.py tests/native/test_cuda_backend.py \
+    tests/native/test_batched_search.py -m gpu -q -p no:cacheprovider -ra --tb=short 2>&1 | tail -6
 clean
 step "randomized cross-process check with a CUDA worker (CI's test, then longer)"
-TR_REQUIRE_GPU=1 timeout $(left 120) "${new_env[@]}" python3 -m pytest tests/test_interleavings.py -m gpu -q \
+TR_REQUIRE_GPU=1 timeout $(left 120) "${new_env[@]}" python3 -m pytest tests/coordinator/test_interleavings.py -m gpu -q \
     -p no:cacheprovider -ra --tb=short 2>&1 | tail -4
 clean
 timeout $(left 150) "${new_env[@]}" python3 benchmarks/interleavings.py --ops "${INTERLEAVE_OPS:-20000}" --seed 31 \

@@ -22,8 +22,8 @@ timeout $(left 90) bash -c "cmake -S native -B /tmp/trcuda -G Ninja -DTR_CUDA=ON
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" | sed 's/ptxas info    : //' | paste - - - | cut -c1-220
 /tmp/trcuda/tr-sidecar --backends
 step "GPU tests (TR_REQUIRE_GPU=1)"
-TR_REQUIRE_GPU=1 timeout $(left 150) python3 -m pytest tests/test_batched_search.py tests/test_cuda_backend.py \
-    tests/test_sidecar.py -m gpu -q -p no:cacheprovider -ra --tb=short 2>&1 | tee "$OUT/tests.log" | tail -15
+TR_REQUIRE_GPU=1 timeout $(left 150) python3 -m pytest tests/native/test_batched_search.py tests/native/test_cuda_backend.py \
+    tests/hot/test_sidecar.py -m gpu -q -p no:cacheprovider -ra --tb=short 2>&1 | tee "$OUT/tests.log" | tail -15
 clean
 step "persistent kernel stage profile (persist_profile.py)"
 timeout $(left 75) python3 benchmarks/persist_profile.py --rows 4096 100000 1000000 --dim 768 2>&1 | tail -20
@@ -42,6 +42,6 @@ for f in /tmp/san/*.log; do echo "##### $f"; head -c 100000 "$f"; done > "$OUT/s
 clean
 step "GPU tests launching per request (--cuda-persist off; time left: $((TOTAL_S - SECONDS))s)"
 [ $((TOTAL_S - SECONDS)) -gt 20 ] && TR_REQUIRE_GPU=1 timeout $(left 90) python3 -m pytest --cuda-persist off \
-    tests/test_batched_search.py tests/test_cuda_backend.py -m gpu -q -p no:cacheprovider -ra 2>&1 | tail -8
+    tests/native/test_batched_search.py tests/native/test_cuda_backend.py -m gpu -q -p no:cacheprovider -ra 2>&1 | tail -8
 clean
 step done

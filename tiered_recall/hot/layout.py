@@ -1,4 +1,4 @@
-"""ctypes mirror of native/include/tiered_recall/layout.h and client.h; tests/test_layout.py checks it against the
+"""ctypes mirror of native/include/tiered_recall/layout.h and client.h; tests/native/test_layout.py checks it against the
 sidecar's JSON."""
 from __future__ import annotations
 

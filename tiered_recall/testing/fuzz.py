@@ -1,5 +1,5 @@
 """Hostile-client fuzzing of the request ring: an ASan + UBSan build of the sidecar, the fuzz driver
-(native/tools/fuzz_client.c), and honest clients that check every answer beside it. tests/test_fuzz.py runs it
+(native/tools/fuzz_client.c), and honest clients that check every answer beside it. tests/native/test_fuzz.py runs it
 short in CI, benchmarks/fuzz_sidecar.py long."""
 from __future__ import annotations
 

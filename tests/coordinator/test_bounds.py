@@ -11,7 +11,7 @@ from tiered_recall.coordinator.bounds import BoundIndex, NamespaceBound, cone_bo
 from tiered_recall.scoring import Scoring
 
 DIM = 24
-LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
+LOCOMO = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo" / "locomo_dev.json"
 
 
 

@@ -24,7 +24,7 @@ from tiered_recall.hot import HotTier
 from tiered_recall.testing.fuzz import (SanitizedSidecar, build_sanitized, honest_client, run_fuzzer,
                                         sanitizer_reports)
 
-NATIVE = Path(__file__).resolve().parents[1] / "native"
+NATIVE = Path(__file__).resolve().parents[2] / "native"
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from tiered_recall.errors import InvalidInput, SidecarUnavailable
 from tiered_recall.hot import SHM_DIR, HotTier, segment_path, sidecar_executable, start_sidecar, validate_name
 
 OTHER_UID = 65534
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a child as another uid (65534)")
 
 # Run as the other user: try to attach to / read / delete the segment and to enter the store; then, when the
