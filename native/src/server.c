@@ -177,13 +177,94 @@ static void record_latency(tr_header *h, uint64_t ns) {
     h->search_ns_total += ns;
 }
 
+static int handle_search(tr_server *s, tr_slot *slot, unsigned char *p, uint32_t flags, uint32_t count,
+                         uint32_t k) {
+    tr_header *h = s->h;
+    int rc = check_search(s, slot, flags, count, k);
+    if (rc) return rc;
+    rc = take_vectors(s, slot, p, count, flags & TR_FLAG_NORMALIZE);
+    if (rc) return rc;
+    uint64_t t0 = tr_now_ns();
+    uint32_t hits = 0;
+    rc = s->ops->search(s->backend, s->query_scratch, count, k, (flags & TR_FLAG_NS_FILTER) != 0, slot->ns_hash,
+                        s->id_scratch, s->score_scratch, &hits, slot->message, TR_MESSAGE_BYTES);
+    if (rc) return rc;
+    record_latency(h, tr_now_ns() - t0);
+    h->searches++;
+    h->queries += count;
+    unsigned char *out = p + TR_SEARCH_RESULT_OFFSET(count, s->geo.dim);
+    memcpy(out, s->id_scratch, (size_t)count * k * sizeof(int64_t));
+    memcpy(out + (size_t)count * k * sizeof(int64_t), s->score_scratch, (size_t)count * k * sizeof(float));
+    if (!(flags & TR_FLAG_NO_TOUCH)) { /* id_scratch keeps the ids until serve_slot has answered */
+        s->touch_queries = count;
+        s->touch_k = k;
+        s->touch_hits = hits;
+    }
+    slot->reply_count = hits;
+    return TR_OK;
+}
+
+static int handle_upsert(tr_server *s, tr_slot *slot, unsigned char *p, uint32_t flags, uint32_t count) {
+    tr_header *h = s->h;
+    const tr_header *g = &s->geo;
+    if (count < 1 || count > g->max_upsert_rows)
+        return reply_error(slot, TR_E_BAD_COUNT, "%u rows in one upsert: send 1..%u per request", count,
+                           g->max_upsert_rows);
+    int rc = take_vectors(s, slot, p + TR_UPSERT_VECTORS_OFFSET(count), count, flags & TR_FLAG_NORMALIZE);
+    if (rc) return rc;
+    /* Private copies: the store reads ids and namespaces more than once, and a client may
+     * rewrite the payload while it is being served. */
+    memcpy(s->meta_scratch, p, 24ull * count);
+    const int64_t *ids = s->meta_scratch;
+    const uint64_t *ns = (const uint64_t *)(s->meta_scratch + count);
+    const int64_t *created = s->meta_scratch + 2ull * count;
+    int64_t *evicted = (int64_t *)(p + TR_UPSERT_REPLY_OFFSET(count, g->dim));
+    uint32_t n_evicted = 0;
+    rc = tr_store_upsert(&s->store, ids, ns, created, s->query_scratch, count, evicted, &n_evicted, slot->message,
+                         TR_MESSAGE_BYTES);
+    h->hot_rows = s->store.rows;
+    h->evicted_rows += n_evicted;
+    if (rc) return rc;
+    h->upserted_rows += count;
+    slot->reply_count = n_evicted;
+    return TR_OK;
+}
+
+/* DELETE and CONTAINS: ids (8 bytes each), then a 64-aligned u8 reply per id: both must fit the payload. */
+static int handle_ids(tr_server *s, tr_slot *slot, unsigned char *p, uint32_t op, uint32_t count) {
+    uint64_t limit = (s->geo.slot_payload_bytes - 64u) / 9u;
+    if (count < 1 || count > limit)
+        return reply_error(slot, TR_E_BAD_COUNT, "%u ids in one request: send 1..%llu", count,
+                           (unsigned long long)limit);
+    const int64_t *ids = (const int64_t *)p;
+    if (op == TR_OP_CONTAINS) {
+        slot->reply_count = tr_store_contains(&s->store, ids, count, p + TR_CONTAINS_REPLY_OFFSET(count));
+        return TR_OK;
+    }
+    uint32_t deleted = 0;
+    int rc = tr_store_delete(&s->store, ids, count, &deleted, slot->message, TR_MESSAGE_BYTES);
+    s->h->hot_rows = s->store.rows;
+    s->h->deleted_rows += deleted;
+    slot->reply_count = deleted;
+    return rc;
+}
+
+static int handle_list_ids(tr_server *s, tr_slot *slot, unsigned char *p, uint32_t flags, uint32_t count) {
+    uint64_t limit = (s->geo.slot_payload_bytes - TR_LIST_IDS_OFFSET) / 8u;
+    if (count < 1 || count > limit)
+        return reply_error(slot, TR_E_BAD_COUNT, "%u ids in one listing: ask for 1..%llu", count,
+                           (unsigned long long)limit);
+    uint64_t cursor;
+    memcpy(&cursor, p, sizeof cursor);
+    slot->reply_count = tr_store_list_ids(&s->store, &cursor, (flags & TR_FLAG_NS_FILTER) != 0, slot->ns_hash,
+                                          (int64_t *)(p + TR_LIST_IDS_OFFSET), count);
+    memcpy(p, &cursor, sizeof cursor);
+    return TR_OK;
+}
+
 static int handle(tr_server *s, tr_slot *slot) {
-    tr_header *h = s->h;         /* counters only */
-    const tr_header *g = &s->geo; /* geometry and limits */
     unsigned char *p = tr_slot_payload(slot);
     uint32_t op = slot->opcode, flags = slot->flags, count = slot->count, k = slot->k;
-    char *err = slot->message;
-    const size_t errlen = TR_MESSAGE_BYTES;
     slot->reply_count = 0;
     if (op < 1 || op > TR_OP_MAX)
         return reply_error(slot, TR_E_BAD_OPCODE, "unknown opcode %u: client and sidecar versions "
@@ -193,96 +274,27 @@ static int handle(tr_server *s, tr_slot *slot) {
     switch (op) {
     case TR_OP_PING:
         return TR_OK;
-    case TR_OP_SEARCH: {
-        int rc = check_search(s, slot, flags, count, k);
-        if (rc) return rc;
-        rc = take_vectors(s, slot, p, count, flags & TR_FLAG_NORMALIZE);
-        if (rc) return rc;
-        uint64_t t0 = tr_now_ns();
-        uint32_t hits = 0;
-        rc = s->ops->search(s->backend, s->query_scratch, count, k, (flags & TR_FLAG_NS_FILTER) != 0,
-                            slot->ns_hash, s->id_scratch, s->score_scratch, &hits, err, errlen);
-        if (rc) return rc;
-        record_latency(h, tr_now_ns() - t0);
-        h->searches++;
-        h->queries += count;
-        unsigned char *out = p + TR_SEARCH_RESULT_OFFSET(count, g->dim);
-        memcpy(out, s->id_scratch, (size_t)count * k * sizeof(int64_t));
-        memcpy(out + (size_t)count * k * sizeof(int64_t), s->score_scratch, (size_t)count * k * sizeof(float));
-        if (!(flags & TR_FLAG_NO_TOUCH)) { /* id_scratch keeps the ids until serve_slot has answered */
-            s->touch_queries = count;
-            s->touch_k = k;
-            s->touch_hits = hits;
-        }
-        slot->reply_count = hits;
-        return TR_OK;
-    }
-    case TR_OP_UPSERT: {
-        if (count < 1 || count > g->max_upsert_rows)
-            return reply_error(slot, TR_E_BAD_COUNT, "%u rows in one upsert: send 1..%u per request",
-                               count, g->max_upsert_rows);
-        int rc = take_vectors(s, slot, p + TR_UPSERT_VECTORS_OFFSET(count), count, flags & TR_FLAG_NORMALIZE);
-        if (rc) return rc;
-        /* Private copies: the store reads ids and namespaces more than once, and a client may
-         * rewrite the payload while it is being served. */
-        memcpy(s->meta_scratch, p, 24ull * count);
-        const int64_t *ids = s->meta_scratch;
-        const uint64_t *ns = (const uint64_t *)(s->meta_scratch + count);
-        const int64_t *created = s->meta_scratch + 2ull * count;
-        int64_t *evicted = (int64_t *)(p + TR_UPSERT_REPLY_OFFSET(count, g->dim));
-        uint32_t n_evicted = 0;
-        rc = tr_store_upsert(&s->store, ids, ns, created, s->query_scratch, count, evicted, &n_evicted,
-                             err, errlen);
-        h->hot_rows = s->store.rows;
-        h->evicted_rows += n_evicted;
-        if (rc) return rc;
-        h->upserted_rows += count;
-        slot->reply_count = n_evicted;
-        return TR_OK;
-    }
+    case TR_OP_SEARCH:
+        return handle_search(s, slot, p, flags, count, k);
+    case TR_OP_UPSERT:
+        return handle_upsert(s, slot, p, flags, count);
     case TR_OP_DELETE:
-    case TR_OP_CONTAINS: {
-        /* ids (8 bytes each), then a 64-aligned u8 reply per id: both must fit the payload */
-        uint64_t limit = (g->slot_payload_bytes - 64u) / 9u;
-        if (count < 1 || count > limit)
-            return reply_error(slot, TR_E_BAD_COUNT, "%u ids in one request: send 1..%llu", count,
-                               (unsigned long long)limit);
-        const int64_t *ids = (const int64_t *)p;
-        if (op == TR_OP_CONTAINS) {
-            slot->reply_count = tr_store_contains(&s->store, ids, count, p + TR_CONTAINS_REPLY_OFFSET(count));
-            return TR_OK;
-        }
-        uint32_t deleted = 0;
-        int rc = tr_store_delete(&s->store, ids, count, &deleted, err, errlen);
-        h->hot_rows = s->store.rows;
-        h->deleted_rows += deleted;
-        slot->reply_count = deleted;
-        return rc;
-    }
+    case TR_OP_CONTAINS:
+        return handle_ids(s, slot, p, op, count);
     case TR_OP_SET_TOTALS: {
-        uint64_t limit = g->slot_payload_bytes / 16u;
+        uint64_t limit = s->geo.slot_payload_bytes / 16u;
         if (count < 1 || count > limit)
             return reply_error(slot, TR_E_BAD_COUNT, "%u namespaces in one request: send 1..%llu",
                                count, (unsigned long long)limit);
         return tr_store_set_totals(&s->store, (const uint64_t *)p, (const uint64_t *)(p + 8ull * count),
-                                   count, err, errlen);
+                                   count, slot->message, TR_MESSAGE_BYTES);
     }
-    case TR_OP_LIST_IDS: {
-        uint64_t limit = (g->slot_payload_bytes - TR_LIST_IDS_OFFSET) / 8u;
-        if (count < 1 || count > limit)
-            return reply_error(slot, TR_E_BAD_COUNT, "%u ids in one listing: ask for 1..%llu", count,
-                               (unsigned long long)limit);
-        uint64_t cursor;
-        memcpy(&cursor, p, sizeof cursor);
-        slot->reply_count = tr_store_list_ids(&s->store, &cursor, (flags & TR_FLAG_NS_FILTER) != 0, slot->ns_hash,
-                                              (int64_t *)(p + TR_LIST_IDS_OFFSET), count);
-        memcpy(p, &cursor, sizeof cursor);
-        return TR_OK;
-    }
+    case TR_OP_LIST_IDS:
+        return handle_list_ids(s, slot, p, flags, count);
     case TR_OP_CLEAR: {
         uint32_t removed = 0;
-        int rc = tr_store_clear(&s->store, &removed, err, errlen);
-        h->hot_rows = s->store.rows;
+        int rc = tr_store_clear(&s->store, &removed, slot->message, TR_MESSAGE_BYTES);
+        s->h->hot_rows = s->store.rows;
         slot->reply_count = removed;
         return rc;
     }

@@ -82,6 +82,39 @@ def _as_ids(ids: Sequence[int] | np.ndarray, what: str = "ids") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
+def _checked_header(fd: int, path: Path, name: str, dim: int | None) -> "L.Header":
+    """The segment's header, refused (naming the fix) when it is another user's, still being made, of another layout
+    version or dim, or smaller than it says."""
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid():
+        raise SidecarUnavailable(
+            f"segment {path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()}): refusing to attach"
+        )
+    if st.st_size < L.HEADER_BYTES:
+        raise SidecarUnavailable(f"segment {path} is still being created or is truncated: retry shortly")
+    raw = os.pread(fd, L.HEADER_BYTES, 0)
+    head = L.Header.from_buffer_copy(raw)
+    if head.magic != L.MAGIC:
+        raise IncompatibleLayout(f"{path} is not a tiered-recall segment (bad magic): remove it or pick another name")
+    if head.layout_version != L.LAYOUT_VERSION or head.header_bytes != L.HEADER_BYTES:
+        raise IncompatibleLayout(
+            f"segment layout v{head.layout_version}, client v{L.LAYOUT_VERSION}: restart the sidecar "
+            "with the installed version (`tiered-recall serve`)"
+        )
+    if dim is not None and head.dim != dim:
+        raise IncompatibleLayout(
+            f"sidecar {name!r} serves dim {head.dim}, you asked for dim {dim}: use dim={head.dim} "
+            "or start a sidecar with another --name"
+        )
+    if st.st_size < head.segment_bytes:
+        raise IncompatibleLayout(f"segment {path} is smaller than its header says: restart the sidecar")
+    if L.search_result_offset(1, head.dim) + head.max_k * 12 > head.slot_payload_bytes:  # search() relies on it
+        raise IncompatibleLayout(
+            f"segment {path}: one query at k={head.max_k} does not fit a slot: restart the sidecar"
+        )
+    return head
+
+
 class SearchResult:
     """ids: (nq, k) int64, -1 past the hits; scores: (nq, k) float32; hits: valid entries per query."""
 
@@ -134,33 +167,7 @@ class HotTier:
         except PermissionError:
             raise SidecarUnavailable(f"segment {path} belongs to another user: it cannot be attached") from None
         try:
-            st = os.fstat(fd)
-            if st.st_uid != os.getuid():
-                raise SidecarUnavailable(
-                    f"segment {path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()}): refusing to attach"
-                )
-            if st.st_size < L.HEADER_BYTES:
-                raise SidecarUnavailable(f"segment {path} is still being created or is truncated: retry shortly")
-            raw = os.pread(fd, L.HEADER_BYTES, 0)
-            head = L.Header.from_buffer_copy(raw)
-            if head.magic != L.MAGIC:
-                raise IncompatibleLayout(f"{path} is not a tiered-recall segment (bad magic): remove it or pick another name")
-            if head.layout_version != L.LAYOUT_VERSION or head.header_bytes != L.HEADER_BYTES:
-                raise IncompatibleLayout(
-                    f"segment layout v{head.layout_version}, client v{L.LAYOUT_VERSION}: restart the sidecar "
-                    "with the installed version (`tiered-recall serve`)"
-                )
-            if dim is not None and head.dim != dim:
-                raise IncompatibleLayout(
-                    f"sidecar {name!r} serves dim {head.dim}, you asked for dim {dim}: use dim={head.dim} "
-                    "or start a sidecar with another --name"
-                )
-            if st.st_size < head.segment_bytes:
-                raise IncompatibleLayout(f"segment {path} is smaller than its header says: restart the sidecar")
-            if L.search_result_offset(1, head.dim) + head.max_k * 12 > head.slot_payload_bytes:  # search() relies on it
-                raise IncompatibleLayout(
-                    f"segment {path}: one query at k={head.max_k} does not fit a slot: restart the sidecar"
-                )
+            head = _checked_header(fd, path, name, dim)
             self._mm = mmap.mmap(fd, head.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

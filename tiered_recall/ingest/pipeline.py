@@ -76,14 +76,14 @@ class _Pending:
     context_texts: tuple[str, ...] = ()  # mixed in as vectors (context_weight); empty in text mode
 
 
-def _open_memory(store: str | os.PathLike[str]) -> MemorySink:
+def _open_memory(store: str | os.PathLike[str] | None) -> MemorySink:
     try:
         from ..coordinator import TieredMemory  # imported late: ingesting into a fake store needs no lancedb
     except ImportError as error:
         raise InvalidInput(
-            f"cannot open the store {os.fspath(store)!r}: TieredMemory is not available ({error}); pass memory=..."
+            f"cannot open the store {store!r}: TieredMemory is not available ({error}); pass memory=..."
         ) from error
-    return TieredMemory(os.fspath(store))  # type: ignore[call-arg, return-value]
+    return TieredMemory(None if store is None else os.fspath(store))  # type: ignore[call-arg, return-value]
 
 
 def _namespace_resolver(namespace: str | None) -> Callable[[Turn, Source], str]:
@@ -141,7 +141,7 @@ def ingest(
     paths: PathSpec | Sequence[PathSpec],
     *,
     memory: MemorySink | None = None,
-    store: str | os.PathLike[str] = "./storage",
+    store: str | os.PathLike[str] | None = None,
     format: str = "auto",
     namespace: str | None = None,
     role_field: str | None = None,
@@ -159,7 +159,8 @@ def ingest(
 
     paths: files, folders (searched recursively for .jsonl/.ndjson/.json, optionally .gz) or "-"
         for stdin; gzip is recognised by content.
-    memory: a TieredMemory (or anything with .embedder, .add, .get); when None one is opened at `store`.
+    memory: a TieredMemory (or anything with .embedder, .add, .get); when None one is opened at `store` (None:
+        the user's own store).
     format: "auto" (detected per file from its first record), "jsonl", "openai", "sharegpt", "locomo".
     namespace: where the memories go; "default" when None. "{conversation}" and "{source}" in it are
         replaced per turn (e.g. namespace="chat-{conversation}" gives each conversation its own).
@@ -182,19 +183,9 @@ def ingest(
     Returns an IngestSummary (added / updated / unchanged / skipped / bad records, elapsed; .to_json()).
     """
     started = time.perf_counter()
-    if format not in FORMAT_CHOICES:
-        raise InvalidInput(f"format must be one of {FORMAT_CHOICES}, got {format!r}")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise InvalidInput(f"batch_size must be a positive int, got {batch_size!r}")
-    if not isinstance(context_turns, int) or isinstance(context_turns, bool) or not 0 <= context_turns <= MAX_CONTEXT_TURNS:
-        raise InvalidInput(f"context_turns must be an int from 0 to {MAX_CONTEXT_TURNS}, got {context_turns!r}")
-    for option, value in (("role_field", role_field), ("text_field", text_field),
-                          ("session_field", session_field), ("time_field", time_field)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise InvalidInput(f"{option} must be a non-empty field name, got {value!r}")
-    if context_weight is not None and (isinstance(context_weight, bool) or not isinstance(context_weight, (int, float))
-                                       or not 0 < context_weight <= 10):
-        raise InvalidInput(f"context_weight must be a number in (0, 10] or None, got {context_weight!r}")
+    _check_options(format=format, batch_size=batch_size, context_turns=context_turns, context_weight=context_weight,
+                   fields={"role_field": role_field, "text_field": text_field, "session_field": session_field,
+                           "time_field": time_field})
     render = resolve_template(template)
     namespace_of = _namespace_resolver(namespace)
     sources = expand_sources(paths)
@@ -204,86 +195,122 @@ def ingest(
     for needed in ("embedder", "add", "get"):
         if not hasattr(memory, needed):
             raise InvalidInput(f"memory must be a TieredMemory (it has no .{needed}); pass memory=TieredMemory(...)")
-    embedder = memory.embedder
-    writer = _BatchWriter(memory=memory, embedder=embedder, template=template_name(template),
+    writer = _BatchWriter(memory=memory, embedder=memory.embedder, template=template_name(template),
                           context_weight=float(context_weight) if context_weight is not None else None)
-    mix_vectors = context_weight is not None
+    run = _Run(writer=writer, render=render, namespace_of=namespace_of, context_turns=context_turns,
+               mix_vectors=context_weight is not None, batch_size=batch_size, skip_bad=skip_bad, started=started,
+               sources=sources, progress=progress)
+    try:
+        for source in sources:
+            run.read(source, format=format, fields=fields)
+    finally:
+        run.close()
+    return run.summary
 
-    summary = IngestSummary()
-    state = ReadState()
-    conversations: set[tuple[str, str]] = set()
-    sizes = [source.size for source in sources]
-    bytes_total = None if any(size is None for size in sizes) else sum(sizes)  # type: ignore[arg-type]
-    reporter = _ProgressReporter(progress, bytes_total=bytes_total)
-    bytes_done = 0
-    pending: list[_Pending] = []
 
-    def flush(source: Source, raw: Any) -> None:
-        if pending:
-            writer.write(pending, summary)
-            pending.clear()
+def _check_options(*, format: str, batch_size: Any, context_turns: Any, context_weight: Any,
+                   fields: dict[str, Any]) -> None:
+    if format not in FORMAT_CHOICES:
+        raise InvalidInput(f"format must be one of {FORMAT_CHOICES}, got {format!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidInput(f"batch_size must be a positive int, got {batch_size!r}")
+    if not isinstance(context_turns, int) or isinstance(context_turns, bool) or not 0 <= context_turns <= MAX_CONTEXT_TURNS:
+        raise InvalidInput(f"context_turns must be an int from 0 to {MAX_CONTEXT_TURNS}, got {context_turns!r}")
+    for option, value in fields.items():
+        if value is not None and (not isinstance(value, str) or not value):
+            raise InvalidInput(f"{option} must be a non-empty field name, got {value!r}")
+    if context_weight is not None and (isinstance(context_weight, bool) or not isinstance(context_weight, (int, float))
+                                       or not 0 < context_weight <= 10):
+        raise InvalidInput(f"context_weight must be a number in (0, 10] or None, got {context_weight!r}")
+
+
+class _Run:
+    """One ingest run: reads each source's turns, keeps each conversation's context window, and writes batches,
+    reporting progress after each."""
+
+    def __init__(self, *, writer: "_BatchWriter", render, namespace_of, context_turns: int, mix_vectors: bool,
+                 batch_size: int, skip_bad: bool, started: float, sources: list[Source], progress) -> None:
+        self.writer, self.render, self.namespace_of = writer, render, namespace_of
+        self.context_turns, self.mix_vectors = context_turns, mix_vectors
+        self.batch_size, self.skip_bad, self.started = batch_size, skip_bad, started
+        self.summary = IngestSummary()
+        self.state = ReadState()
+        self.conversations: set[tuple[str, str]] = set()
+        sizes = [source.size for source in sources]
+        self.bytes_total = None if any(size is None for size in sizes) else sum(sizes)  # type: ignore[arg-type]
+        self.reporter = _ProgressReporter(progress, bytes_total=self.bytes_total)
+        self.bytes_done = 0
+        self.pending: list[_Pending] = []
+
+    def read(self, source: Source, *, format: str, fields: FieldMap) -> None:
+        summary = self.summary
+        summary.files += 1
+        contexts: OrderedDict[str, deque[Turn]] = OrderedDict()
+        with source.open() as (stream, raw):
+            items = read_turns(iter_records(stream), source=source, format=format, fields=fields, state=self.state)
+            for item in items:
+                if isinstance(item, BadRecord):
+                    where = f"{source.display}:{item.line}"
+                    if not self.skip_bad:
+                        self.flush(source, raw)  # everything before the bad record is stored
+                        raise InvalidInput(f"{where}: {item.message}; fix the record or pass skip_bad=True (--skip-bad)")
+                    summary.note_bad(where, item.message)
+                    if not item.resumable:
+                        break
+                    continue
+                summary.turns_read += 1
+                if isinstance(item, SkippedTurn):
+                    summary.skipped[item.reason] += 1
+                    continue
+                self.pending.append(self._pending(item, source, contexts))
+                if len(self.pending) >= self.batch_size:
+                    self.flush(source, raw)
+            self.flush(source, raw)
+            summary.formats[self.state.last_format or format] += 1
+        self.bytes_done += source.size or 0
+
+    def _pending(self, item: Turn, source: Source, contexts: "OrderedDict[str, deque[Turn]]") -> _Pending:
+        namespace_name = self.namespace_of(item, source)
+        self.conversations.add((namespace_name, item.conversation_key))
+        context: Sequence[Turn] = ()
+        if self.context_turns:
+            window = contexts.get(item.conversation_key)
+            if window is None:
+                window = contexts[item.conversation_key] = deque(maxlen=self.context_turns)
+                if len(contexts) > MAX_OPEN_CONTEXTS:
+                    contexts.popitem(last=False)
+            else:
+                contexts.move_to_end(item.conversation_key)
+            context = tuple(window)
+            window.append(item)
+        mix = self.mix_vectors
+        return _Pending(
+            turn=item,
+            id=turn_id(namespace=namespace_name, conversation_key=item.conversation_key, position=item.position),
+            namespace=namespace_name,
+            embedded_text=self.render(item, () if mix else context),
+            context_texts=tuple(previous.text for previous in context) if mix else (),
+        )
+
+    def flush(self, source: Source, raw: Any) -> None:
+        if self.pending:
+            self.writer.write(self.pending, self.summary)
+            self.pending.clear()
         try:
             position = raw.tell()
         except (OSError, ValueError):
             position = 0
-        reporter.update(IngestProgress(
-            turns_read=summary.turns_read, turns_written=summary.added + summary.updated,
-            bytes_read=bytes_done + position, bytes_total=bytes_total,
-            elapsed_s=time.perf_counter() - started, current_source=source.display,
+        s = self.summary
+        self.reporter.update(IngestProgress(
+            turns_read=s.turns_read, turns_written=s.added + s.updated, bytes_read=self.bytes_done + position,
+            bytes_total=self.bytes_total, elapsed_s=time.perf_counter() - self.started,
+            current_source=source.display,
         ))
 
-    try:
-        for source in sources:
-            summary.files += 1
-            contexts: OrderedDict[str, deque[Turn]] = OrderedDict()
-            with source.open() as (stream, raw):
-                items = read_turns(iter_records(stream), source=source, format=format, fields=fields, state=state)
-                for item in items:
-                    if isinstance(item, BadRecord):
-                        where = f"{source.display}:{item.line}"
-                        if not skip_bad:
-                            flush(source, raw)  # everything before the bad record is stored
-                            raise InvalidInput(
-                                f"{where}: {item.message}; fix the record or pass skip_bad=True (--skip-bad)"
-                            )
-                        summary.note_bad(where, item.message)
-                        if not item.resumable:
-                            break
-                        continue
-                    summary.turns_read += 1
-                    if isinstance(item, SkippedTurn):
-                        summary.skipped[item.reason] += 1
-                        continue
-                    namespace_name = namespace_of(item, source)
-                    conversations.add((namespace_name, item.conversation_key))
-                    context: Sequence[Turn] = ()
-                    if context_turns:
-                        window = contexts.get(item.conversation_key)
-                        if window is None:
-                            window = contexts[item.conversation_key] = deque(maxlen=context_turns)
-                            if len(contexts) > MAX_OPEN_CONTEXTS:
-                                contexts.popitem(last=False)
-                        else:
-                            contexts.move_to_end(item.conversation_key)
-                        context = tuple(window)
-                        window.append(item)
-                    pending.append(_Pending(
-                        turn=item,
-                        id=turn_id(namespace=namespace_name, conversation_key=item.conversation_key, position=item.position),
-                        namespace=namespace_name,
-                        embedded_text=render(item, () if mix_vectors else context),
-                        context_texts=tuple(previous.text for previous in context) if mix_vectors else (),
-                    ))
-                    if len(pending) >= batch_size:
-                        flush(source, raw)
-                flush(source, raw)
-                summary.formats[state.last_format or format] += 1
-            bytes_done += source.size or 0
-    finally:
-        reporter.close()
-        summary.conversations = len(conversations)
-        summary.elapsed_s = time.perf_counter() - started
-    return summary
+    def close(self) -> None:
+        self.reporter.close()
+        self.summary.conversations = len(self.conversations)
+        self.summary.elapsed_s = time.perf_counter() - self.started
 
 
 class _BatchWriter:
