@@ -17,17 +17,15 @@ class MirrorListener(Protocol):
 
 
 # Positions are repacked once more than 1/_REPACK_DEAD_SHARE of them are dead, so the mirror holds at most 4/3 of
-# its live rows. At half dead (the first rule) each worker of the 8-process soak (benchmarks/soak.py, balanced adds
-# and deletes on ~21k rows) held up to twice its live rows, and its arrays had just doubled once more when the
-# next add came before the next delete: memray put that as the largest growth of a worker's heap over 1M operations
-# (+13 MB of arrays and position dict). A repack copies the live rows once per third of them deleted.
+# its live rows: repacked only at half dead, a process that adds and deletes in balance holds up to twice its live
+# rows, and its arrays double once more when an add comes before the next delete (in the soak, benchmarks/soak.py,
+# the largest growth of a worker's heap). A repack copies the live rows once per third of them deleted.
 _REPACK_DEAD_SHARE = 4
 
 # Elements (rows x dim) per matrix-vector product. Past ~500k elements OpenBLAS (numpy's BLAS) splits one product
 # over its threads; with many processes on few cores each such product then waits for its helper thread to be
-# scheduled: the 8-process soak on 2 cores (benchmarks/soak.py, dim 32) fell from ~800 to ~300 ops/s once the mirror
-# passed 16,000 positions (live rows plus tombstones), and a lone 16k x 32 product took ~3-6 ms on average instead
-# of ~0.05. Products over at most this many elements run on the calling thread alone.
+# scheduled, and a 16k x 32 product that takes ~0.05 ms alone takes milliseconds. Products over at most this many
+# elements run on the calling thread alone.
 _MATVEC_ELEMENTS = 1 << 18
 
 

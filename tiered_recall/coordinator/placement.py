@@ -13,8 +13,8 @@ from .bounds import BoundIndex
 
 RESYNC_EVERY_S = 2.0  # at most this often, rebuild hot-set tracking and bounds after another process wrote
 # ... and at most this share of a process's time: a resync reads every cold row and rebuilds every bound, so
-# with other writers at work it costs O(store) every 2 s per process (an 8-process soak: py-spy found 6 of 8
-# workers inside it); until the next one, rule 2 is off for this process and searches read the cold tier.
+# with other writers at work it would cost O(store) every 2 s per process; until the next one, rule 2 is off for
+# this process and searches read the cold tier.
 RESYNC_MAX_SHARE = 0.1
 
 
