@@ -96,6 +96,7 @@ class HotLink:
         self.hot: HotTier | None = None
         self.epoch = (0, 0)  # the attached sidecar's instance, which the certificates must name
         self.error: str | None = None
+        self.start_failed: str | None = None  # why the last start of a sidecar failed (not a sidecar lost in a race)
         self.warnings: list[str] = []  # what was asked of the hot tier and not had (stats()["hot_warnings"])
         self.backlog: set[int] = set()  # ids acknowledged while the hot tier was unreachable
         self.closed = False
@@ -142,9 +143,14 @@ class HotLink:
             try:
                 hot = HotTier.attach(self.sidecar_name, dim=self.dim, timeout_s=self.timeout_s)
             except SidecarUnavailable:
-                start_sidecar(self.sidecar_name, dim=self.dim, capacity=self.capacity,
-                              backend=backend_for(self.device), exit_when_orphaned_s=self.orphan_grace_s,
-                              detach=True)
+                try:
+                    start_sidecar(self.sidecar_name, dim=self.dim, capacity=self.capacity,
+                                  backend=backend_for(self.device), exit_when_orphaned_s=self.orphan_grace_s,
+                                  detach=True)
+                except SidecarUnavailable as exc:
+                    self.start_failed = str(exc)
+                    raise
+                self.start_failed = None
                 hot = HotTier.attach(self.sidecar_name, dim=self.dim, timeout_s=self.timeout_s)
                 started = True
             self.epoch = hot.instance
@@ -169,6 +175,10 @@ class HotLink:
             self.warn(f"{self.option('device')}={self.device!r} was asked, but the store's running sidecar (pid "
                       f"{hot.owner_pid}) serves from the {hot.backend}; it keeps it until every process has closed "
                       "the store")
+
+    def retry_soon(self) -> None:
+        """The next ensure() tries to attach at once, not after the reconnect backoff."""
+        self._next_try = 0.0
 
     def drop(self, reason: str) -> None:
         if self.hot is not None:

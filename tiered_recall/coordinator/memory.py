@@ -127,10 +127,15 @@ class TieredMemory:
         self._attach_at_open(device)
 
     def _attach_at_open(self, device: str) -> None:
-        """The hot tier at open: an error where it was asked for by name and cannot be had, else a warning."""
+        """The hot tier at open: an error where it was asked for by name and its sidecar fails to start, else a
+        warning (a sidecar lost to another process's race or a kill is not that: the store reconnects later)."""
         try:
             self._link.ensure()
-            if self.device in ("cpu", "cuda") and self._link.hot is None:
+            if self.device in ("cpu", "cuda") and self._link.hot is None and self._link.start_failed:
+                self._link.retry_soon()  # once more: a start can also fail when another process kills the new sidecar
+                time.sleep(0.5)
+                self._link.ensure()
+            if self.device in ("cpu", "cuda") and self._link.hot is None and self._link.start_failed:
                 raise SidecarUnavailable(f"the hot tier ({self._opt('device')}={self.device!r}) could not start: "
                                          f"{self._link.error}; open the store with {self._opt('device')}='auto' to "
                                          "go on without it, or 'none'")
@@ -138,7 +143,7 @@ class TieredMemory:
             self._link.close()
             self.cold.close()
             raise
-        if self._link.hot is None and self.device == "auto":
+        if self._link.hot is None and self.device != "none":
             self._link.warn(f"no hot tier: {self._link.error}; searches are served by the cold tier (exact, "
                             "slower), and the store tries again on later calls")
         if self.read_only and device == "auto":
