@@ -41,6 +41,7 @@ _BAD_LABEL_BASE = 1 << 60  # labels parked here are removed in one range removal
 
 
 def faiss():
+    """The faiss module, imported when first needed rather than with this module."""
     import faiss as _faiss
     return _faiss
 
@@ -51,6 +52,7 @@ def set_threads(n: int) -> None:
 
 
 def build_threads() -> int:
+    """OpenMP threads for training, tuning and large adds: one per core."""
     return max(1, os.cpu_count() or 1)
 
 
@@ -106,6 +108,9 @@ class IvfAnn:
     # ---- construction ------------------------------------------------------------------------
     @classmethod
     def train(cls, sample: np.ndarray, *, nlist: int, trained_rows: int, seed: int = 0) -> "IvfAnn":
+        """An empty index of `nlist` lists trained on `sample` ((m, dim) float32); trained_rows records the store size
+        it was built for. Starts untuned at nprobe min(16, nlist), with a hashtable direct map for single-row
+        removals."""
         f = faiss()
         dim = sample.shape[1]
         quantizer = f.IndexFlatIP(dim)
@@ -122,10 +127,12 @@ class IvfAnn:
 
     @property
     def ntotal(self) -> int:
+        """Entries the index holds."""
         return int(self.index.ntotal)
 
     # ---- changes (MirrorListener) ------------------------------------------------------------
     def add(self, positions: np.ndarray, vectors: np.ndarray) -> None:
+        """Adds vectors ((m, dim) float32) labelled by their mirror positions ((m,) int64)."""
         if positions.shape[0] == 0:
             return
         set_threads(1 if positions.shape[0] < 256 else build_threads())
@@ -134,6 +141,7 @@ class IvfAnn:
         self.changes += int(positions.shape[0])
 
     def remove(self, positions: np.ndarray) -> None:
+        """Removes the entries labelled by these mirror positions."""
         if positions.shape[0] == 0:
             return
         f = faiss()
@@ -220,6 +228,7 @@ class IvfAnn:
         self.nprobe, self.tuned_recall, self.scan_fraction, self.probe_budget = int(probes), float(recall), scan, cap
 
     def choice(self, target: float) -> tuple[str, str]:
+        """choose_method() for this index as tuned: ("ivf" or "exact", why)."""
         return choose_method(self.tuned_recall, self.nprobe, self.nlist, self.scan_fraction, target)
 
     # ---- inspection ---------------------------------------------------------------------------
@@ -289,6 +298,7 @@ class IvfAnn:
 
     # ---- persistence ---------------------------------------------------------------------------
     def serialize(self) -> np.ndarray:
+        """The index as bytes (a uint8 array) for write()."""
         return faiss().serialize_index(self.index)
 
     @staticmethod
@@ -372,6 +382,7 @@ def read_choice(folder: str) -> dict | None:
 
 
 def remove_choice(folder: str) -> None:
+    """Removes a saved choice (absent: nothing), once an IVF index is in use again."""
     try:
         os.unlink(os.path.join(folder, CHOICE_FILE))
     except OSError:

@@ -31,6 +31,8 @@ def _stem(token: str) -> str:
 
 
 def tokenize(text: str) -> list[str]:
+    """The BM25 terms of a text: runs of [0-9a-z] in the lower-cased text, stopwords dropped, plurals stemmed
+    lightly."""
     return [_stem(t) for t in _TOKEN.findall(text.lower()) if t not in _STOPWORDS]
 
 
@@ -62,6 +64,7 @@ class Bm25Index:
 
     @property
     def live_rows(self) -> int:
+        """Rows indexed now."""
         return len(self._slot)
 
     def stats(self) -> dict:
@@ -112,6 +115,7 @@ class Bm25Index:
             self._free_terms.append(tid)
 
     def upsert(self, ids: Sequence[int], namespaces: Sequence[str], texts: Sequence[str]) -> None:
+        """Indexes rows by id (n each of ids, namespaces, texts); an id indexed already is replaced."""
         ids = [int(i) for i in ids]
         self.remove(ids)
         self._grow(self._n + len(ids))
@@ -144,6 +148,7 @@ class Bm25Index:
             self._live_len += len(tokens)
 
     def remove(self, ids: Sequence[int]) -> None:
+        """Drops the rows of ids (ids not indexed are ignored); compacts once over half the slots are dead."""
         removed = 0
         for row_id in ids:
             slot = self._slot.pop(int(row_id), None)

@@ -38,9 +38,15 @@ def keyword_texts(roles: list, texts: list) -> list[str]:
 class MirrorWatcher(Protocol):
     """Told when the follower replaces its mirror (a reload; None once past its budget) or the mirror grew."""
 
-    def mirror_replaced(self, old: VectorMirror | None, new: VectorMirror | None) -> None: ...
+    def mirror_replaced(self, old: VectorMirror | None, new: VectorMirror | None) -> None:
+        """The follower loaded mirror `new`, or dropped its mirror past the budget (None); `old` is the one before
+        (None at the first load)."""
+        ...
 
-    def mirror_grew(self) -> None: ...
+    def mirror_grew(self) -> None:
+        """The mirror was changed in place (logged rows applied, or this process's direct write) and is still within
+        its budget."""
+        ...
 
 
 class _NoWatcher:
@@ -85,6 +91,7 @@ class Follower:
 
     @property
     def log_generation(self) -> int | None:
+        """The log generation this process reads (None without a log)."""
         return None if self._log is None else self._log.gen
 
     # ---- loading -------------------------------------------------------------------------------
@@ -343,6 +350,7 @@ class Follower:
         return None if entry is None else (entry[2], entry[3])
 
     def bm25_locked(self) -> Bm25Index:
+        """The BM25 index, built from the table and the log's unflushed operations on first use."""
         if self.bm25 is None:
             data = self._tables.guard("load texts for BM25", lambda: self._tables.table.search()
                                       .select(["id", "namespace", "role", "text"]).limit(None).to_arrow())
@@ -361,6 +369,7 @@ class Follower:
         return self.bm25
 
     def figures(self) -> dict:
+        """mirror_rows, mirror_positions (None without a mirror) and the BM25 index's figures, for ColdStore.stats()."""
         m = self.mirror
         return {
             "mirror_rows": None if m is None else m.live_rows,
@@ -370,6 +379,7 @@ class Follower:
         }
 
     def close(self) -> None:
+        """Drops the mirror and BM25 index and closes the log follower and the maintenance probe."""
         self.mirror = None
         self.bm25 = None
         if self._log is not None:

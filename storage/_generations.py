@@ -109,12 +109,15 @@ class WriteGenerations:
 
     # ---- reads: lock-free, one load each ----
     def writes(self) -> int:
+        """The store's count of writes (word 8)."""
         return self._words[WORD_WRITES]
 
     def unplaced(self) -> int:
+        """The count of writes whose namespaces were not known (word 9)."""
         return self._words[WORD_UNPLACED]
 
     def of_slot(self, slot: int) -> int:
+        """The generation of slot `slot` (slot_of a namespace hash)."""
         return self._words[FIRST_SLOT_WORD + slot]
 
     def snapshot(self) -> Snapshot:
@@ -151,6 +154,7 @@ class WriteGenerations:
         return Bump(names, slots, before, int(writes), unplaced)
 
     def close(self) -> None:
+        """Unmaps and closes the file; closing again does nothing."""
         if getattr(self, "_mm", None) is None:
             return
         self._words.release()

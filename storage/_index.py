@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 
 def search_path_name(mode: str, mirror_rows: int | None, has_faiss: bool, vector_index: str | None) -> str:
+    """The search path stats() reports: LanceDB (its ANN index and a re-rank, or exact) without a mirror or with
+    mode "lancedb"; FAISS IVF and a re-rank when an index is in use under mode "auto"; else exact over the mirror."""
     if mirror_rows is None or mode == "lancedb":
         return "lancedb-ann+rerank" if vector_index else "lancedb-exact"
     return "faiss-ivf+rerank" if has_faiss and mode == "auto" else "mirror-exact"
@@ -61,6 +63,8 @@ class FaissIndex:
 
     # ---- the follower's news (MirrorWatcher) ---------------------------------------------------
     def mirror_replaced(self, old: VectorMirror | None, new: VectorMirror | None) -> None:
+        """Without a mirror (past its budget) drops the index; else keeps it over the reloaded mirror (reconciled to
+        the new positions) and schedules a build if one is due."""
         if new is None:
             self.ann = None  # past the mirror's budget: LanceDB serves searches
             return
@@ -76,6 +80,7 @@ class FaissIndex:
         self.schedule_locked()
 
     def mirror_grew(self) -> None:
+        """Schedules a build if the mirror has grown enough for one."""
         self.schedule_locked()
 
     # ---- choosing --------------------------------------------------------------------------------
@@ -92,6 +97,7 @@ class FaissIndex:
         return True
 
     def schedule_locked(self) -> None:
+        """Starts the background build thread when a build is due and none is running."""
         if self._thread is None and self._wanted_locked():
             self._thread = threading.Thread(target=self._build_worker, name=f"cold-faiss-build:{self._path}",
                                             daemon=True)
@@ -281,11 +287,14 @@ class FaissIndex:
 
     # ---- reporting and closing -------------------------------------------------------------------
     def search_path(self, mirror_rows: int | None, vector_index: str | None) -> str:
+        """The search path stats() reports, "faiss-flat-exact" where IVF lost to exact search (search_path_name)."""
         if self.ann is None and mirror_rows is not None and self.exact_by_choice():
             return "faiss-flat-exact"
         return search_path_name(self._mode, mirror_rows, self.ann is not None, vector_index)
 
     def figures(self) -> dict:
+        """The index and build figures for ColdStore.stats(): the index itself, its source, builds, errors and the
+        exact-vs-IVF choice."""
         ann = self.ann
         return {
             "faiss": None if ann is None else {
@@ -314,4 +323,5 @@ class FaissIndex:
             pass
 
     def drop(self) -> None:
+        """Forgets the index (at close)."""
         self.ann = None

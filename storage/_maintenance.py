@@ -65,9 +65,11 @@ class MaintenanceThread:
 
     @property
     def pending_writes(self) -> int:
+        """Writes noted that no job has handled yet (a job skipped for another process's lock still owes them)."""
         return self._pending
 
     def note_writes(self, n: int = 1) -> None:
+        """Counts n more writes; wakes the thread once writes_due() are pending."""
         with self._lock:
             self._pending += n
             pending = self._pending
@@ -119,6 +121,7 @@ class MaintenanceThread:
                 self._idle.set()
 
     def stop(self, timeout: float = 60.0) -> None:
+        """Stops the thread, waiting up to timeout seconds for a job in flight."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
@@ -153,6 +156,8 @@ class TableUpkeep:
         self.last_error: str | None = None
 
     def start(self, every_s: float) -> None:
+        """Starts the background maintenance thread: a job once writes_per_compaction() writes are pending, or on a
+        timer tick every every_s seconds with a quarter of that pending."""
         self._thread = MaintenanceThread(self._maintain, writes_due=self.writes_per_compaction, every_s=every_s,
                                          name=f"cold-maintenance:{self._path}")
 
@@ -272,13 +277,16 @@ class TableUpkeep:
                 self._tables.reconnect()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no background upkeep is queued or running (True at once without the thread); False on timeout."""
         return True if self._thread is None else self._thread.wait_idle(timeout)
 
     def stop(self) -> None:
+        """Stops the maintenance thread, if one runs."""
         if self._thread is not None:
             self._thread.stop()
 
     def figures(self) -> dict:
+        """Compactions, reconnects, pending writes and maintenance errors, for ColdStore.stats()."""
         return {
             "last_compaction_at": self.last_compaction_at,
             "compactions": self.compactions,

@@ -11,9 +11,19 @@ import numpy as np
 
 
 class MirrorListener(Protocol):
-    def on_add(self, positions: np.ndarray, vectors: np.ndarray) -> None: ...
-    def on_remove(self, positions: np.ndarray) -> None: ...
-    def on_repack(self, new_of_old: np.ndarray) -> None: ...
+    """Hears every change to the mirror's positions (the FAISS index, whose labels are positions)."""
+
+    def on_add(self, positions: np.ndarray, vectors: np.ndarray) -> None:
+        """Rows were appended at positions ((m,) int64) with these vectors ((m, dim) float32)."""
+        ...
+
+    def on_remove(self, positions: np.ndarray) -> None:
+        """The rows at positions were tombstoned."""
+        ...
+
+    def on_repack(self, new_of_old: np.ndarray) -> None:
+        """Positions moved: new_of_old[p] is the new position of old position p (-1: a dead row, dropped)."""
+        ...
 
 
 # Positions are repacked once more than 1/_REPACK_DEAD_SHARE of them are dead, so the mirror holds at most 4/3 of
@@ -85,9 +95,11 @@ class VectorMirror:
     # ---- bookkeeping -------------------------------------------------------------------------
     @property
     def live_rows(self) -> int:
+        """Rows alive now (ids with a position)."""
         return len(self._pos)
 
     def nbytes(self) -> int:
+        """Roughly the bytes the mirror's arrays take at their allocated capacity (held against its budget)."""
         return self._vectors.nbytes + self._ids.nbytes * 3
 
     def _code(self, namespace: str) -> int:
@@ -143,6 +155,8 @@ class VectorMirror:
 
     # ---- changes -----------------------------------------------------------------------------
     def upsert(self, ids: np.ndarray, vectors: np.ndarray, namespaces: list[str], created_at_us: np.ndarray) -> None:
+        """Appends the rows, ids (m,) int64, vectors (m, dim) float32, namespaces and created_at_us (m,) int64;
+        an id already present loses its old position first. The listener hears the new positions."""
         self.remove(ids)
         m = ids.shape[0]
         self._reserve(m)
@@ -161,6 +175,8 @@ class VectorMirror:
             self.listener.on_add(np.arange(lo, hi, dtype=np.int64), self._vectors[lo:hi])
 
     def remove(self, ids: np.ndarray) -> int:
+        """Tombstones the live rows of ids (absent ids are ignored) and repacks when dead rows pile up; returns how many
+        were live."""
         gone = []
         for row_id in ids.tolist():
             pos = self._pos.pop(row_id, None)
@@ -205,22 +221,28 @@ class VectorMirror:
         return self._n
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
+        """Positions of the live rows among ids, in the order asked (absent ids are left out)."""
         return (p := self.positions_or_minus1(ids))[p >= 0]
 
     def positions_or_minus1(self, ids: np.ndarray) -> np.ndarray:
+        """Position of each id, -1 where it has no live row; (len(ids),) int64."""
         get = self._pos.get
         return np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, count=ids.shape[0])
 
     def ids_at(self, positions: np.ndarray) -> np.ndarray:
+        """Row id at each position (live or dead)."""
         return self._ids[positions]
 
     def vectors_at(self, positions: np.ndarray) -> np.ndarray:
+        """The vector at each position, (len(positions), dim) float32 (live or dead)."""
         return self._vectors[positions]
 
     def alive_at(self, positions: np.ndarray) -> np.ndarray:
+        """Whether each position holds a live row."""
         return self._alive[positions]
 
     def live_positions(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Live positions in [lo, hi) (hi: every position in use), ascending."""
         hi = self._n if hi is None else hi
         return lo + np.flatnonzero(self._alive[lo:hi])
 
@@ -229,6 +251,7 @@ class VectorMirror:
         return np.where(self._alive[: self._n], self._ids[: self._n], -1)
 
     def alive_mask(self) -> np.ndarray:
+        """(n,) bool view: True where the position holds a live row; do not keep it across writes."""
         return self._alive[: self._n]
 
     def all_vectors(self) -> np.ndarray:
@@ -236,6 +259,7 @@ class VectorMirror:
         return self._vectors[: self._n]
 
     def namespace_live(self, namespace: str) -> int:
+        """Live rows of one namespace."""
         code = self._ns_code.get(namespace)
         return 0 if code is None else self._ns_live[code]
 
@@ -274,6 +298,8 @@ class VectorMirror:
 
     def search(self, query: np.ndarray, k: int, *, namespace: str | None = None,
                only_ids: np.ndarray | None = None, exclude_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top k of the live rows by inner product with query (dim,), best first, ties by smaller id; only rows
+        of namespace and/or only_ids when given, never exclude_ids. Returns (ids int64, scores float32)."""
         n = self._n
         if only_ids is not None:
             rows = self.positions(only_ids)
@@ -294,9 +320,11 @@ class VectorMirror:
         return top_k_with_ties(scores, ids, k)
 
     def count(self, namespace: str | None = None) -> int:
+        """Live rows (of one namespace when given)."""
         return self.live_rows if namespace is None else self.namespace_live(namespace)
 
     def namespace_counts(self) -> dict[str, int]:
+        """Live rows per namespace, those with none left out."""
         return {ns: int(c) for ns, c in zip(self.namespaces, self._ns_live) if c}
 
     def namespaces_of(self, ids: np.ndarray) -> set[str]:
@@ -316,6 +344,8 @@ class VectorMirror:
         }
 
     def recent(self, limit: int, namespace: str | None = None) -> dict:
+        """The newest `limit` live rows (of one namespace when given) by created_at, newest first (equal times: larger
+        id first): {"ids", "vectors", "namespace", "created_at_us"}, copies."""
         n = self._n
         rows = self.namespace_positions(namespace) if namespace is not None else np.flatnonzero(self._alive[:n])
         # Newest first; equal timestamps put the larger (later-assigned) id first.

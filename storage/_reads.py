@@ -64,6 +64,7 @@ class RowReads:
         return rows
 
     def count_locked(self, namespace: str | None) -> int:
+        """Live rows (of one namespace when given): from the mirror when it is loaded, else counted by LanceDB."""
         m = self._follower.mirror
         if m is not None:
             return m.count(namespace)
@@ -71,6 +72,7 @@ class RowReads:
         return int(self._tables.guard("count rows", lambda: self._tables.table.count_rows(sql)))
 
     def namespace_counts_locked(self) -> dict[str, int]:
+        """Live rows per namespace: from the mirror when it is loaded, else counted over the table."""
         m = self._follower.mirror
         if m is not None:
             return m.namespace_counts()

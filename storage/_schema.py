@@ -11,6 +11,8 @@ VECTOR_COLUMN = "vector"
 
 
 def memory_schema(dim: int) -> pa.Schema:
+    """The Arrow schema of the memories table for `dim`-wide vectors (created_at as UTC microseconds, metadata as JSON
+    text)."""
     return pa.schema([
         pa.field("id", pa.int64(), nullable=False),
         pa.field("namespace", pa.string(), nullable=False),
@@ -32,10 +34,12 @@ def schema_dim(schema: pa.Schema) -> int | None:
 
 
 def vectors_to_arrow(vectors: np.ndarray) -> pa.FixedSizeListArray:
+    """(n, dim) float32 -> a fixed-size-list column of n rows."""
     return pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1])
 
 
 def vectors_from_arrow(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
+    """A fixed-size-list vector column -> (n, dim) float32, C-contiguous."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     if len(column) == 0:
@@ -45,10 +49,12 @@ def vectors_from_arrow(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarr
 
 
 def timestamps_us(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A timestamp column -> (n,) int64 microseconds since the epoch."""
     return np.asarray(column.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def build_batch(schema: pa.Schema, *, ids, vectors, namespaces, texts, sessions, roles, created_at_us, metadata_json) -> pa.Table:
+    """One Arrow table of rows in `schema`'s column order, from the caller's arrays and lists (n of each)."""
     return pa.Table.from_arrays([
         pa.array(ids, type=pa.int64()),
         pa.array(namespaces, type=pa.string()),
@@ -62,6 +68,8 @@ def build_batch(schema: pa.Schema, *, ids, vectors, namespaces, texts, sessions,
 
 
 def rows_from_arrow(table: pa.Table, dim: int) -> dict[int, dict]:
+    """{id: row dict} of a table read from LanceDB, as ColdStore.get returns rows (metadata parsed, vector
+    copied)."""
     ids = table.column("id").to_pylist()
     vectors = vectors_from_arrow(table.column(VECTOR_COLUMN), dim)
     created = timestamps_us(table.column("created_at"))
@@ -88,6 +96,7 @@ def sql_string(value: str) -> str:
 
 
 def sql_id_list(ids: np.ndarray) -> str:
+    """A SQL list of ids, "(1,2,3)", for IN filters."""
     return "(" + ",".join(str(int(i)) for i in ids.tolist()) + ")"
 
 

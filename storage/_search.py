@@ -34,6 +34,8 @@ HYBRID_BM25_WEIGHT = 1.0
 
 
 def looks_like_bad_filter(exc: BaseException) -> bool:
+    """True when LanceDB's error reads like a rejected where filter (parse, schema or column errors), so the caller
+    gets InvalidInput instead of StorageError."""
     text = str(exc).lower()
     return any(word in text for word in ("sql", "parse", "no field", "not found in schema", "schema error",
                                          "invalid user input", "column", "expected", "unsupported"))
@@ -62,17 +64,22 @@ class Searcher:
                 or (text is not None and self._follower.bm25 is None and self._tables.lagging_reads))
 
     def text_table_serves(self, where: str | None) -> bool:
+        """Whether LanceDB serves (part of) this keyword search, so rows still in the log go into the table first: a
+        where filter, or a BM25 index still to be built through a lagging handle."""
         return where is not None or (self._follower.bm25 is None and self._tables.lagging_reads)
 
     # ---- searches ------------------------------------------------------------------------------
     def search_locked(self, query: np.ndarray, k: int, namespace: str | None, where: str | None,
                       excluded: np.ndarray | None, text: str | None) -> Hits:
+        """ColdStore.search under the lock: hybrid (BM25 fused with the vector ranking) when text is not blank, else the
+        vector search alone. Returns (ids int64, scores float32)."""
         if text is not None and text.strip():
             return self._hybrid_locked(query, text, k, namespace, where, excluded)
         return self._vector_locked(query, k, namespace, where, excluded)
 
     def text_search_locked(self, text: str, k: int, namespace: str | None, where: str | None,
                            excluded: np.ndarray | None) -> Hits:
+        """ColdStore.text_search under the lock: BM25 alone, over the rows the where filter matches when given."""
         only = None if where is None else self.matching_ids(namespace, where)
         return self._follower.bm25_locked().search(text, k, namespace=namespace, only_ids=only, exclude_ids=excluded)
 
@@ -166,6 +173,8 @@ class Searcher:
                                f"{type(exc).__name__}: {exc}") from exc
 
     def matching_ids(self, namespace: str | None, where: str) -> np.ndarray:
+        """The ids of the rows of the scope (namespace, or all when None) that a where filter matches, evaluated by
+        LanceDB."""
         sql = filter_sql(namespace, where)
         data = self._run_filtered("evaluate a where filter", lambda: self._tables.table.search().where(sql)
                                   .select(["id"]).limit(None).to_arrow(), where)

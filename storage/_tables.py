@@ -22,12 +22,14 @@ _LANCE_RECONNECT_VERSIONS = 5_000
 
 
 def lancedb():
+    """The lancedb module, imported on first use so that LANCE_CPU_THREADS set by the caller takes effect."""
     # Imported on first use so that LANCE_CPU_THREADS set by the caller takes effect before LanceDB's runtime starts.
     import lancedb as _lancedb
     return _lancedb
 
 
 def is_conflict(exc: BaseException) -> bool:
+    """True when a LanceDB failure reads like a commit conflict another writer caused (worth retrying)."""
     text = str(exc).lower()
     return "conflict" in text or "retryable" in text
 
@@ -122,6 +124,7 @@ class LanceTables:
         self._maintenance_table = None
 
     def guard(self, what: str, fn: Callable[[], T]) -> T:
+        """fn(), its failures raised as StorageError saying what was being done (see guard())."""
         return guard(self.path, what, fn)
 
     def commit(self, what: str, fn: Callable[[], T]) -> T:
@@ -158,17 +161,21 @@ class LanceTables:
 
     @property
     def flush_table(self):
+        """The handle the log's flushes commit through (opened on first use)."""
         if self._flush_table is None:
             self._flush_table = self.guard("open the table", self.open_table)
         return self._flush_table
 
     @property
     def maintenance_table(self):
+        """The handle compaction and index builds commit through (opened on first use)."""
         if self._maintenance_table is None:
             self._maintenance_table = self.open_table()
         return self._maintenance_table
 
     def reconnect_due(self, latest: int) -> bool:
+        """True once the table is _LANCE_RECONNECT_VERSIONS versions past the one this connection opened at, so its
+        caches have grown enough for reconnect()."""
         return latest - self.connected_at_version >= _LANCE_RECONNECT_VERSIONS
 
     def reconnect(self) -> None:
@@ -184,6 +191,7 @@ class LanceTables:
         self.reconnects += 1
 
     def vector_index_type(self) -> str | None:
+        """The type of the table's vector index as LanceDB names it, or None without one."""
         for idx in self.table.list_indices():
             if tuple(idx.columns) == (VECTOR_COLUMN,):
                 return str(idx.index_type)
@@ -216,5 +224,6 @@ class LanceTables:
         }, vector_index
 
     def close(self) -> None:
+        """Drops every handle and the connection."""
         self.table = self.db = None
         self._flush_table = self._maintenance_table = None

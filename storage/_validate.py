@@ -14,12 +14,15 @@ from ..namespaces import validate_namespace
 
 
 def check_dim(dim: Any) -> int:
+    """A positive int (not a bool) -> int."""
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or int(dim) <= 0:
         raise InvalidInput(f"dim must be a positive int (e.g. dim=384), got {dim!r}")
     return int(dim)
 
 
 def check_ids(ids: Any, *, name: str = "ids", allow_empty: bool = False) -> np.ndarray:
+    """An int or a 1-d integer array -> C-contiguous (n,) int64; empty only with allow_empty. `name` names the
+    argument in the message."""
     arr = np.asarray(ids)
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -37,6 +40,7 @@ def check_ids(ids: Any, *, name: str = "ids", allow_empty: bool = False) -> np.n
 
 
 def check_vectors(vectors: Any, n: int, dim: int) -> np.ndarray:
+    """(n, dim) floats -> C-contiguous float32 (values are not checked again)."""
     arr = np.asarray(vectors)
     if arr.ndim != 2 or arr.shape != (n, dim):
         raise InvalidInput(
@@ -47,6 +51,7 @@ def check_vectors(vectors: Any, n: int, dim: int) -> np.ndarray:
 
 
 def check_query(vector: Any, dim: int) -> np.ndarray:
+    """(dim,) or (1, dim) floats -> C-contiguous (dim,) float32."""
     arr = np.asarray(vector)
     if arr.ndim == 2 and arr.shape[0] == 1:
         arr = arr[0]
@@ -58,22 +63,26 @@ def check_query(vector: Any, dim: int) -> np.ndarray:
 
 
 def check_k(k: Any) -> int:
+    """A positive int (not a bool) -> int."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) <= 0:
         raise InvalidInput(f"k must be a positive int (e.g. k=10), got {k!r}")
     return int(k)
 
 
 def check_limit(limit: Any) -> int:
+    """An int >= 0 (not a bool) -> int."""
     if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or int(limit) < 0:
         raise InvalidInput(f"limit must be a non-negative int, got {limit!r}")
     return int(limit)
 
 
 def check_optional_namespace(namespace: str | None) -> str | None:
+    """None (every namespace) or a valid namespace name."""
     return None if namespace is None else validate_namespace(namespace)
 
 
 def check_where(where: str | None) -> str | None:
+    """None or a non-empty SQL filter string (LanceDB checks the SQL when it runs it)."""
     if where is None:
         return None
     if not isinstance(where, str) or not where.strip():
@@ -90,6 +99,7 @@ def _check_length(values: Any, n: int, name: str) -> list:
 
 
 def check_strings(values: Any, n: int, name: str, *, nullable: bool) -> list:
+    """A list of n str (or None where nullable) -> a list."""
     out = _check_length(values, n, name)
     for i, value in enumerate(out):
         if value is None and nullable:
@@ -101,6 +111,7 @@ def check_strings(values: Any, n: int, name: str, *, nullable: bool) -> list:
 
 
 def check_namespaces(values: Any, n: int) -> list[str]:
+    """A list of n valid namespace names -> a list."""
     out = _check_length(values, n, "namespaces")
     for i, value in enumerate(out):
         try:
@@ -111,6 +122,7 @@ def check_namespaces(values: Any, n: int) -> list[str]:
 
 
 def check_timestamps(created_at_us: Any, n: int) -> np.ndarray:
+    """(n,) integer microseconds since the epoch -> C-contiguous int64."""
     arr = np.asarray(created_at_us)
     if arr.shape != (n,):
         raise InvalidInput(f"created_at_us must have shape ({n},) (one per id), got shape {arr.shape}")
@@ -122,6 +134,7 @@ def check_timestamps(created_at_us: Any, n: int) -> np.ndarray:
 
 
 def check_metadata(values: Any, n: int) -> list[str]:
+    """A list of n dicts or None -> n compact JSON strings (None becomes "{}"); NaN and infinities are refused."""
     out = _check_length(values, n, "metadata")
     encoded = []
     for i, value in enumerate(out):
@@ -137,6 +150,7 @@ def check_metadata(values: Any, n: int) -> list[str]:
 
 
 def check_unique(ids: np.ndarray) -> None:
+    """Raises InvalidInput when an id occurs twice in one batch."""
     uniq, counts = np.unique(ids, return_counts=True)
     if uniq.size != ids.size:
         dup = int(uniq[counts > 1][0])

@@ -55,6 +55,9 @@ SUFFIX = ".wal"
 
 @dataclass(frozen=True)
 class Header:
+    """The header of one log generation: its number, the one before, and the table versions around the commit of the
+    previous generation's records (see the notes above)."""
+
     gen: int
     prev_gen: int
     pre_version: int  # table version just before the commit of prev_gen's records (-1: none)
@@ -110,14 +113,17 @@ def _encode_ids(values: np.ndarray, dim: int) -> bytes:
 
 
 def encode_delete(ids: np.ndarray) -> bytes:
+    """A logged delete of ids as one record (magic, length, crc32, payload)."""
     return _encode_ids(ids, _DIM_DELETE)
 
 
 def encode_note(kind: str, versions) -> bytes:
+    """A note of `kind` ("changed" or "benign") over table versions as one record."""
     return _encode_ids(np.asarray(versions, np.int64).reshape(-1), _DIM_NOTES[kind])
 
 
 def decode_record(payload: bytes) -> "Rows | Deleted | Note":
+    """The Rows, Deleted or Note a record's payload holds (told apart by its dim field)."""
     n, dim = _PAYLOAD_HEAD.unpack_from(payload, 0)
     if dim == _DIM_DELETE or dim in _NOTE_OF_DIM:
         values = np.frombuffer(payload, "<i8", n, _PAYLOAD_HEAD.size).astype(np.int64)
@@ -137,6 +143,8 @@ def lock_held(fd: int) -> bool:
 
 
 def encode_rows(rows: Rows) -> bytes:
+    """A logged add as one record: ids, created_at_us and vectors as little-endian arrays, then the text columns as
+    JSON."""
     n, dim = rows.vectors.shape
     strings = json.dumps([rows.namespaces, rows.sessions, rows.roles, rows.texts, rows.metadata_json],
                          ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -147,6 +155,7 @@ def encode_rows(rows: Rows) -> bytes:
 
 
 def decode_rows(payload: bytes) -> Rows:
+    """The Rows of an add record's payload (encode_rows' inverse)."""
     n, dim = _PAYLOAD_HEAD.unpack_from(payload, 0)
     at = _PAYLOAD_HEAD.size
     ids = np.frombuffer(payload, "<i8", n, at).astype(np.int64)
@@ -179,6 +188,7 @@ def parse_records(data: bytes, base: int) -> tuple[list[tuple[int, bytes]], int]
 
 
 def read_header(fd: int) -> Header:
+    """The Header at the start of the log file fd is open on; ValueError when it is short or fails its checksum."""
     raw = os.pread(fd, HEADER_SIZE, 0)
     if len(raw) != HEADER_SIZE:
         raise ValueError("short log header")
@@ -195,6 +205,7 @@ def _pack_header(h: Header) -> bytes:
 
 
 def read_all(fd: int, start: int) -> bytes:
+    """The bytes of the file fd is open on from offset `start` to its current end."""
     size = os.fstat(fd).st_size
     if size <= start:
         return b""
@@ -266,9 +277,11 @@ class WriteAheadLog:
 
     # ---- files ----------------------------------------------------------------------------------
     def path_of(self, gen: int) -> str:
+        """The file of generation `gen` (<folder>/<gen, 16 digits>.wal)."""
         return os.path.join(self.folder, f"{gen:016d}{SUFFIX}")
 
     def generations(self) -> list[int]:
+        """The generations on disk, oldest first."""
         out = []
         for name in os.listdir(self.folder):
             if name.endswith(SUFFIX) and name[:-len(SUFFIX)].isdigit():
@@ -276,6 +289,7 @@ class WriteAheadLog:
         return sorted(out)
 
     def open_gen(self, gen: int) -> int:
+        """A read-only fd on generation `gen` (FileNotFoundError once it was deleted)."""
         return os.open(self.path_of(gen), os.O_RDONLY)
 
     def _write_generation(self, header: Header, carried: bytes = b"") -> None:
@@ -352,6 +366,7 @@ class WriteAheadLog:
         return self._wgen, records, end
 
     def has_pending_locked(self) -> bool:
+        """True when the current generation holds a record (call under locked())."""
         self._refresh_locked()
         return self._wend > HEADER_SIZE
 
@@ -396,6 +411,7 @@ class WriteAheadLog:
         return self._flush_probe_fd is not None and lock_held(self._flush_probe_fd)
 
     def close(self) -> None:
+        """Closes the log's files and locks; closing again does nothing."""
         if self._closed:
             return
         self._closed = True
@@ -421,6 +437,7 @@ class LogFollower:
         self.offset = 0
 
     def close(self) -> None:
+        """Closes the fd of the generation being read (start_at opens one again)."""
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

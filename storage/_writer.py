@@ -284,6 +284,8 @@ class Writer:
         return flushed
 
     def flush_now(self) -> int:
+        """Moves what the log holds (of any process) into LanceDB, under the flush lock; returns the rows flushed
+        (upserted or deleted): 0 without a log or once closed."""
         if self.wal is None or self._life.closed:
             return 0
         with self.wal.flushing():
@@ -361,6 +363,7 @@ class Writer:
                 self.last_error = f"flush at close: {type(exc).__name__}: {exc}"
 
     def figures(self) -> dict:
+        """The log's flush figures for ColdStore.stats(): flushes, rows flushed, the last flush's time and errors."""
         return {
             "wal_flushes": self.flushes,
             "wal_flushed_rows": self.flushed_rows,

@@ -164,14 +164,17 @@ class ColdStore:
     # ---- life cycle ----------------------------------------------------------------------------
     @property
     def dim(self) -> int:
+        """The vector width of the store."""
         return self._dim
 
     @property
     def path(self) -> str:
+        """The store's folder, absolute."""
         return self._path
 
     @property
     def read_only(self) -> bool:
+        """True when the store was opened read_only (adds and deletes raise ReadOnlyStore)."""
         return self._read_only
 
     @property
@@ -185,6 +188,8 @@ class ColdStore:
                                 "from a user and file system that can write the folder, to add or delete")
 
     def close(self) -> None:
+        """Flushes the log into LanceDB, stops the background threads, saves the FAISS index and closes every file;
+        closing again does nothing."""
         if self._life.closed:
             return
         self._writer.stop()  # LanceDB holds every row again; on failure the rows stay in the log (replayed on open)
@@ -317,12 +322,14 @@ class ColdStore:
         return in_order(rows, ids)
 
     def count(self, namespace: str | None = None) -> int:
+        """Rows in the store (of one namespace when given), logged ones included."""
         self._life.ensure_open()
         namespace = check.check_optional_namespace(namespace)
         with self._read_locked(flush=self._follower.mirror is None):
             return self._reads.count_locked(namespace)
 
     def namespace_counts(self) -> dict[str, int]:
+        """Rows per namespace, logged ones included (namespaces with none left out)."""
         self._life.ensure_open()
         with self._read_locked(flush=self._follower.mirror is None):
             return self._reads.namespace_counts_locked()
@@ -382,6 +389,8 @@ class ColdStore:
         return self._upkeep.wait_idle(timeout)
 
     def stats(self) -> dict:
+        """Figures of the table, the search path, the FAISS index, the mirror, upkeep and the log in one dict (the
+        log is flushed first, so the table's counts include every row)."""
         self._life.ensure_open()
         self._writer.flush_before_stats()  # the table's figures below then count every row
         with self._lock:

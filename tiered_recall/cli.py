@@ -235,6 +235,7 @@ def demo(
 
 
 def main() -> None:
+    """The tiered-recall command's entry point."""
     app()
 
 

@@ -10,6 +10,8 @@ MAX_NAMESPACE_BYTES = 256
 
 
 def validate_namespace(namespace: str) -> str:
+    """Returns namespace when it is a non-empty str of valid Unicode, at most MAX_NAMESPACE_BYTES in UTF-8;
+    else InvalidInput saying why."""
     if not isinstance(namespace, str):
         raise InvalidInput(f"namespace must be a str, got {type(namespace).__name__}")
     if not namespace:

@@ -56,11 +56,13 @@ class Policy:
             self.promote = bool(promote)
 
     def priority(self, table: "HotSet", rows: np.ndarray, now: int) -> np.ndarray:
+        """Eviction priority of rows (slots of table) at tick now, (len(rows),) float64: the lowest is evicted first."""
         raise NotImplementedError
 
     admission = False  # when True, _place asks admit() how many new rows of a namespace may enter
 
     def per_namespace_cap(self) -> int | None:
+        """At most this many hot rows of any one namespace (None: no cap); a batch's newest rows win."""
         return None
 
     # Hooks the coordinator calls; no-ops for row-granular policies.
@@ -83,16 +85,21 @@ class Policy:
         return None
 
     def is_pinned(self, row_id: int, namespace: str) -> bool:
+        """True when the row or its namespace is pinned (never evicted)."""
         return row_id in self.pinned_ids or namespace in self.pinned_namespaces
 
     def describe(self) -> str:
+        """The policy and its parameters, as TieredMemory.stats() reports it."""
         return self.name
 
 
 class LRU(Policy):
+    """Least recently used: a search hit or an insert uses a row, and the oldest use is evicted first."""
+
     name = "lru"
 
     def priority(self, table, rows, now):
+        """Each row's tick of last use."""
         return table.last_use[rows].astype(np.float64)
 
 
@@ -109,14 +116,19 @@ class LFU(Policy):
         self.half_life = float(half_life)
 
     def priority(self, table, rows, now):
+        """Each row's aged use count; ties go to the least recently used."""
         aged = table.freq[rows] * np.exp2(-(now - table.freq_at[rows]) / self.half_life)
         return aged + table.last_use[rows] * 1e-12  # ties: least recently used first
 
     def describe(self) -> str:
+        """lfu with its half_life."""
         return f"lfu(half_life={self.half_life:g})"
 
 
 class RecencyWindow(Policy):
+    """Newest rows by created_at; with rows_per_namespace, also at most that many rows of any one namespace.
+    Cold hits are not promoted (being older than the hot rows, they would be evicted first)."""
+
     name = "recency"
     promote = False
 
@@ -127,12 +139,15 @@ class RecencyWindow(Policy):
         self.rows_per_namespace = rows_per_namespace
 
     def priority(self, table, rows, now):
+        """Each row's created_at (µs): the oldest is evicted first."""
         return table.created_us[rows].astype(np.float64)
 
     def per_namespace_cap(self) -> int | None:
+        """rows_per_namespace (None: no cap)."""
         return self.rows_per_namespace
 
     def describe(self) -> str:
+        """recency, with rows_per_namespace when set."""
         return "recency" if self.rows_per_namespace is None else f"recency(rows_per_namespace={self.rows_per_namespace})"
 
 
@@ -211,6 +226,8 @@ class NamespacePolicy(Policy):
         self._cached: tuple | None = None  # (now, capacity, version, chosen, ranks)
 
     def observe(self, namespace: str, now: int) -> None:
+        """Adds one read to the namespace's aged read count (tick now); forgets namespaces whose reads aged away
+        once many are tracked."""
         count, at = self.heat.get(namespace, (0.0, now))
         self.heat[namespace] = (count * 2.0 ** (-(now - at) / self.half_life) + 1.0, now)
         self._version += 1
@@ -219,6 +236,8 @@ class NamespacePolicy(Policy):
                          if c * 2.0 ** (-(now - t) / self.half_life) > 1e-3}
 
     def set_sizes(self, counts: dict[str, int], *, replace: bool = False) -> None:
+        """Records total rows per namespace (a count <= 0 forgets the namespace); replace=True forgets the others
+        first."""
         if replace:
             self.sizes = {}
         for ns, n in counts.items():
@@ -289,6 +308,8 @@ class NamespacePolicy(Policy):
         return set(self._plan(now, capacity)[0])
 
     def priority(self, table, rows, now):
+        """Each row's namespace rank (chosen namespaces highest, then the reserve's, then the others by density) plus
+        less than 0.5 for its age, oldest lowest."""
         chosen, ranks = self._plan(now, table.capacity)
         names = [table.namespace[s] for s in rows]
         ns_rank = np.array([ranks.get(ns, 0) for ns in names], dtype=np.float64)
@@ -327,12 +348,17 @@ class NamespacePolicy(Policy):
         return kept
 
     def whole_namespace(self, namespace, now, capacity):
+        """True for a chosen namespace that is not pinned."""
         return namespace not in self.pinned_namespaces and namespace in self._plan(now, capacity)[0]
 
     def warm_namespaces(self, now: int, capacity: int) -> set[str] | None:
+        """The chosen namespaces and the pinned ones that have rows."""
         return self.chosen(now, capacity) | {ns for ns in self.pinned_namespaces if ns in self.sizes}
 
     def admit(self, table, namespace, m, now):
+        """All m for a chosen or pinned namespace or when they fit the free room; else as many as the free room plus
+        the hot rows of lower-ranked namespaces (and its own) make room for, or all m where they complete a namespace
+        small enough for the reserve."""
         chosen, ranks = self._plan(now, table.capacity)
         free = table.capacity - len(table)
         if namespace in chosen or namespace in self.pinned_namespaces or m <= free:
@@ -347,6 +373,7 @@ class NamespacePolicy(Policy):
         return max(0, min(m, room))
 
     def describe(self) -> str:
+        """namespace with its half_life, and new_share, prior and popularity where they are not the defaults."""
         extra = "".join(f", {name}={v:g}" for name, v in (("new_share", self.new_share), ("prior", self.prior)) if v)
         if self.popularity != "counts":
             extra += f", popularity={self.popularity}"
@@ -427,6 +454,8 @@ POLICIES = {"lru": LRU, "lfu": LFU, "recency": RecencyWindow, "namespace": Names
 
 
 def resolve_policy(spec: str | Policy | None) -> Policy:
+    """The policy a store uses: LRU() for None, a Policy as it is, a new one for a name in POLICIES; else
+    InvalidInput."""
     if spec is None:
         return LRU()
     if isinstance(spec, Policy):
@@ -461,6 +490,7 @@ class HotSet:
         return int(row_id) in self.slot
 
     def clear(self) -> None:
+        """Forgets every row (the same dim and capacity)."""
         self.__init__(self.dim, self.capacity)
 
     def put(self, row_id: int, namespace: str, vector: np.ndarray, created_us: int, now: int,
@@ -516,6 +546,8 @@ class HotSet:
             self.per_namespace.pop(namespace, None)
 
     def use_slot(self, s: int, now: int, weight: float = 1.0, half_life: float | None = None) -> None:
+        """Counts a use of slot s at tick now: adds weight to its frequency (aged first when half_life is given) and
+        sets its last use."""
         if half_life is not None:
             self.freq[s] = self.freq[s] * np.exp2(-(now - self.freq_at[s]) / half_life) + weight
         else:
@@ -524,6 +556,7 @@ class HotSet:
         self.last_use[s] = now
 
     def use(self, ids: Iterable[int], now: int, half_life: float | None = None) -> None:
+        """Counts one use of each tracked row of ids (ids not tracked are ignored)."""
         for i in ids:
             s = self.slot.get(int(i))
             if s is not None:
@@ -543,6 +576,7 @@ class HotSet:
         return out
 
     def live_slots(self, namespace: str | None = None) -> np.ndarray:
+        """Slots of the tracked rows, (n,) int64; only those of namespace when given."""
         slots = np.fromiter(self.slot.values(), dtype=np.int64, count=len(self.slot))
         if namespace is not None:
             slots = slots[[self.namespace[s] == namespace for s in slots]] if slots.size else slots

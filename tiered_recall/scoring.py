@@ -24,6 +24,9 @@ _FIELDS = ("role", "session", "namespace")
 
 @dataclass(frozen=True)
 class Boost:
+    """Adds weight to a memory's score when its field ("role", "session", "namespace" or "metadata.<key>")
+    equals value."""
+
     field: str
     value: Any
     weight: float
@@ -35,6 +38,7 @@ class Boost:
             raise InvalidInput(f"Boost weight must be a finite number, got {self.weight!r}")
 
     def applies(self, memory) -> bool:
+        """True when the memory's field equals value (a metadata key it lacks never matches)."""
         if self.field.startswith("metadata."):
             meta = memory.metadata or {}
             key = self.field[9:]
@@ -66,9 +70,11 @@ class Scoring:
 
     @property
     def active(self) -> bool:
+        """True when the scoring changes anything (a recency weight or a boost)."""
         return self.recency_weight > 0 or bool(self.boosts)
 
     def recency_bonus(self, created_us: int, now_us: int | None = None) -> float:
+        """recency_weight * 0.5 ** (age_s / half_life_s) of a row created at created_us (now_us: default now)."""
         if self.recency_weight == 0:
             return 0.0
         now_us = time.time_ns() // 1000 if now_us is None else now_us
@@ -76,9 +82,11 @@ class Scoring:
         return self.recency_weight * 0.5 ** (age_s / self.half_life_s)
 
     def boost(self, memory) -> float:
+        """The sum of the weights of the boosts that apply to the memory."""
         return sum(b.weight for b in self.boosts if b.applies(memory))
 
     def score(self, cosine: float, memory, now_us: int | None = None) -> float:
+        """The final score: cosine plus the memory's recency bonus and boosts."""
         created_us = int(memory.created_at.timestamp() * 1e6)
         return cosine + self.recency_bonus(created_us, now_us) + self.boost(memory)
 

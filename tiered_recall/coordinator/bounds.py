@@ -220,18 +220,22 @@ class BoundIndex:
         self.valid = False
 
     def get(self, namespace: str) -> NamespaceBound:
+        """The namespace's NamespaceBound, made empty on first use."""
         nb = self.by_namespace.get(namespace)
         if nb is None:
             nb = self.by_namespace[namespace] = NamespaceBound(self.dim)
         return nb
 
     def cold_only_count(self, namespace: str | None = None) -> int:
+        """How many rows this process knows are cold-only (of the namespace, or of all when None)."""
         if namespace is None:
             return len(self.where)
         nb = self.by_namespace.get(namespace)
         return 0 if nb is None else len(nb.ids)
 
     def add(self, namespace: str, ids, vectors, created_us) -> None:
+        """Folds cold-only rows of a namespace into its cones; an id that was cold-only in another namespace leaves
+        that one's set."""
         ids = [int(i) for i in ids]
         self.discard(ids)  # an id moving between namespaces leaves the old one's set
         self.get(namespace).add(ids, vectors, created_us)
@@ -265,11 +269,13 @@ class BoundIndex:
         return best
 
     def stats(self) -> dict:
+        """valid, namespaces with cold-only rows, cones, and cold-only rows (for TieredMemory.stats())."""
         return {"valid": self.valid, "namespaces": sum(1 for nb in self.by_namespace.values() if nb.ids),
                 "cones": int(sum(nb.axes.shape[0] for nb in self.by_namespace.values())),
                 "cold_only_rows": len(self.where)}
 
     def clear(self) -> None:
+        """Forgets every cone and cold-only id; invalid until rebuilt."""
         self.by_namespace.clear()
         self.where.clear()
         self.valid = False

@@ -88,6 +88,7 @@ class HotCertificates:
         return g[FIRST_SLOT_WORD + slot] == generation and g[WORD_UNPLACED] == unplaced
 
     def epoch_matches(self, epoch: tuple[int, int]) -> bool:
+        """True when the certificates name sidecar instance `epoch` (owner pid, start time)."""
         return self._c[_EPOCH_PID] == epoch[0] and self._c[_EPOCH_STARTED] == epoch[1]
 
     def stale_slots(self) -> np.ndarray:
@@ -140,6 +141,7 @@ class HotCertificates:
         return True
 
     def close(self) -> None:
+        """Unmaps the file; closing again does nothing."""
         if getattr(self, "_mm", None) is None:
             return
         self._c.release()

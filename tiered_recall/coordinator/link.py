@@ -37,6 +37,7 @@ def sidecar_name_of(path: str | os.PathLike) -> str:
 
 
 def gpu_visible() -> bool:
+    """True when nvidia-smi lists a GPU."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -45,6 +46,7 @@ def gpu_visible() -> bool:
 
 
 def cuda_compiled() -> bool:
+    """True when the installed sidecar was built with the CUDA backend (it says so with --backends)."""
     try:
         out = subprocess.run([str(sidecar_executable()), "--backends"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError, TieredRecallError):
@@ -70,6 +72,8 @@ def serve_command(name: str, **options) -> list[str]:
 
 
 def backend_for(device: str) -> str:
+    """The sidecar backend for a device: "auto" is "cuda" when it was built and a GPU is visible, else "cpu";
+    any other device is its own backend."""
     if device != "auto":
         return device
     return "cuda" if cuda_compiled() and gpu_visible() else "cpu"
@@ -104,6 +108,7 @@ class HotLink:
         self._next_repair = 0.0
 
     def warn(self, message: str) -> None:
+        """Logs a warning and keeps it for stats()["hot_warnings"], once per message."""
         if message not in self.warnings:
             self.warnings.append(message)
             logger.warning("tiered-recall: %s", message)
@@ -181,6 +186,8 @@ class HotLink:
         self._next_try = 0.0
 
     def drop(self, reason: str) -> None:
+        """Detaches from the sidecar, keeping `reason` as the error; the placement's tracking is no longer trusted,
+        and the next ensure() tries to attach again."""
         if self.hot is not None:
             try:
                 self.hot.close()
@@ -253,9 +260,11 @@ class HotLink:
         return self.certs.check(None if ns_hash is None else slot_of(ns_hash), self.epoch)
 
     def still(self, token) -> bool:
+        """True while no write began since `token` was taken (read after the hot answer and its counts)."""
         return self.certs.still(token)
 
     def certified(self) -> bool:
+        """True when a sidecar is attached and certified for the whole store (a search over every namespace)."""
         return self.hot is not None and self.certs.check(None, self.epoch) is not None
 
     def repair(self, namespace: str | None) -> None:

@@ -46,6 +46,7 @@ class Placement:
 
     # ---- is the tracking current? ----
     def invalidate(self) -> None:
+        """The tracking no longer describes the hot tier: rule 2 stops skipping until the next resync."""
         self.bounds.valid = False
         self.expected = None
 

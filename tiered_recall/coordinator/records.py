@@ -60,10 +60,12 @@ class SearchReport:
 
 
 def to_datetime(us: int) -> datetime:
+    """A UTC datetime from microseconds since the epoch."""
     return datetime.fromtimestamp(us / 1e6, tz=timezone.utc)
 
 
 def hit_of(memory: Memory, score: float, tier: str) -> Hit:
+    """The Hit of a memory with its score and the tier ("hot" or "cold") that served it."""
     return Hit(memory.id, memory.text, score, tier, memory.namespace, memory.session, memory.role, memory.created_at,
                memory.metadata)
 
@@ -77,6 +79,7 @@ class PathStats:
         self.counts: dict[str, int] = {}
 
     def record(self, path: str, seconds: float) -> None:
+        """Adds one search's latency to path (the newest `keep` samples are kept; counts are not bounded)."""
         bucket = self.samples.setdefault(path, [])
         bucket.append(seconds)
         if len(bucket) > self.keep:
@@ -84,6 +87,7 @@ class PathStats:
         self.counts[path] = self.counts.get(path, 0) + 1
 
     def summary(self) -> dict:
+        """Per path: searches, p50_us and p99_us over the samples kept."""
         out = {}
         for path, values in self.samples.items():
             arr = np.asarray(values) * 1e6
@@ -108,15 +112,18 @@ class MemoryCache:
         return row_id in self._rows
 
     def remember(self, memory: Memory) -> None:
+        """Caches a memory as the newest; the oldest is dropped past the limit."""
         self._rows[memory.id] = memory
         self._rows.move_to_end(memory.id)
         if len(self._rows) > self._limit:
             self._rows.popitem(last=False)
 
     def clear(self) -> None:
+        """Forgets every cached memory."""
         self._rows.clear()
 
     def drop(self, ids: Iterable[int]) -> None:
+        """Forgets the memories of ids (deleted rows); ids not cached are ignored."""
         for i in ids:
             self._rows.pop(int(i), None)
 

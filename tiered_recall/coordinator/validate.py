@@ -25,6 +25,7 @@ def _is_int(value: Any) -> bool:
 
 
 def positive_int(value: Any, what: str, *, optional: bool = False) -> int | None:
+    """An int >= 1 (not a bool) -> int; None passes when optional. `what` names the argument in the message."""
     if value is None and optional:
         return None
     if not _is_int(value) or value < 1:
@@ -33,6 +34,7 @@ def positive_int(value: Any, what: str, *, optional: bool = False) -> int | None
 
 
 def seconds(value: Any, what: str) -> float:
+    """A finite number > 0 (not a bool) -> float seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not np.isfinite(value) or value <= 0:
         raise InvalidInput(f"{what} must be a positive number of seconds, got {value!r}")
@@ -54,6 +56,7 @@ def rules_and_confidence(rules: Sequence[str], confidence: Any) -> tuple[tuple[s
 
 
 def dim(value: Any) -> int | None:
+    """None (the store's or the embedder's) or an int in 1..MAX_DIM -> int."""
     if value is not None and (not _is_int(value) or not 1 <= value <= MAX_DIM):
         raise InvalidInput(f"dim must be an int in 1..{MAX_DIM}, got {value!r}")
     return None if value is None else int(value)
@@ -153,6 +156,7 @@ def unit_query(vector: Any, dim_: int) -> np.ndarray:
 
 
 def query_text(query: str, has_embedder: bool) -> str:
+    """A query that is not blank, for a store that has an embedder to turn it into a vector."""
     if not query.strip():
         raise InvalidInput("the query is empty: search for some text")
     if not has_embedder:
@@ -161,16 +165,19 @@ def query_text(query: str, has_embedder: bool) -> str:
 
 
 def k(value: Any) -> int:
+    """An int in 1..MAX_K -> int."""
     if not _is_int(value) or not 1 <= value <= MAX_K:
         raise InvalidInput(f"k must be an int in 1..{MAX_K}, got {value!r}")
     return int(value)
 
 
 def optional_namespace(namespace: str | None) -> str | None:
+    """None (every namespace) or a valid namespace name."""
     return None if namespace is None else validate_namespace(namespace)
 
 
 def where(value: Any) -> str | None:
+    """None or a non-empty SQL filter string (the cold tier checks the SQL when it runs it)."""
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise InvalidInput("where must be a non-empty SQL filter string, e.g. \"role = 'user'\"")
     return value
@@ -191,6 +198,7 @@ def per_row(value: Any, n: int, what: str, *, kind: type) -> list:
 
 
 def metadata(value: Any, n: int) -> list[dict | None]:
+    """One metadata dict (or None) for all n memories or one per memory, each JSON-serialisable -> a list of n."""
     metas = per_row(value, n, "metadata", kind=dict)
     for i, meta in enumerate(metas):
         if meta is not None:

@@ -27,6 +27,8 @@ class StoreWriteLock:
 
     @contextlib.contextmanager
     def held(self, *, wait: bool = True) -> Iterator[bool]:
+        """Holds the lock for the with block (re-entrant in a thread), yielding True; with wait=False yields False at
+        once when another holder has it."""
         depth = getattr(self._depth, "n", 0)
         if depth:
             self._depth.n = depth + 1

@@ -61,6 +61,7 @@ def validate_name(name: str) -> str:
 
 
 def segment_path(name: str) -> Path:
+    """The shared-memory file of sidecar `name` (/dev/shm/tiered-recall.NAME); the name is validated first."""
     return SHM_DIR / f"{L.SEGMENT_PREFIX}{validate_name(name)}"
 
 
@@ -455,6 +456,7 @@ class HotTier:
         return np.concatenate(parts)
 
     def clear(self) -> int:
+        """Removes every hot row (the namespace totals stay); returns how many it removed."""
         return int(self._call(L.OP_CLEAR).reply_count)
 
     # ---- state read straight from the segment ----
@@ -475,6 +477,7 @@ class HotTier:
         return 0, 0
 
     def namespace_table(self) -> dict[int, tuple[int, int]]:
+        """{namespace hash: (hot rows, total rows)} of every namespace the sidecar has an entry for."""
         used = self._ns_table[self._ns_table["ns_hash"] != 0]
         return {int(e["ns_hash"]): (int(e["hot_rows"]), int(e["total_rows"])) for e in used}
 
@@ -485,6 +488,7 @@ class HotTier:
 
     @property
     def owner_pid(self) -> int:
+        """The sidecar's pid, read from the segment header."""
         return int(self._header.owner_pid)
 
     @property
@@ -511,6 +515,8 @@ class HotTier:
         return self._mm is not None and self._header.state == L.SERVER_READY
 
     def stats(self) -> dict:
+        """The sidecar's geometry and counters, with search latency percentiles from its histogram (µs, bucket
+        midpoints)."""
         h = self._header
         hist = np.array(h.latency_hist[:], dtype=np.int64)
 

@@ -69,26 +69,34 @@ CALL_NOT_READY = 5
 
 
 def align64(n: int) -> int:
+    """n rounded up to a multiple of 64 (TR_ALIGN64: every payload part starts on a cache line)."""
     return (n + 63) & ~63
 
 
 def search_result_offset(count: int, dim: int) -> int:
+    """Where a SEARCH reply starts in the payload, after `count` queries of `dim` float32."""
     return align64(count * dim * 4)
 
 
 def upsert_vectors_offset(count: int) -> int:
+    """Where an UPSERT's vectors start, after `count` ids, namespace hashes and created_at (8 bytes each)."""
     return align64(count * 24)
 
 
 def upsert_reply_offset(count: int, dim: int) -> int:
+    """Where an UPSERT reply (the evicted ids) starts, after the rows' vectors."""
     return align64(upsert_vectors_offset(count) + count * dim * 4)
 
 
 def contains_reply_offset(count: int) -> int:
+    """Where a CONTAINS reply (one byte per id) starts, after `count` ids."""
     return align64(count * 8)
 
 
 class Header(C.Structure):
+    """tr_header: the segment's fixed header (identity and geometry, liveness, doorbell, counters, latency
+    histogram)."""
+
     _fields_ = [
         ("magic", C.c_uint64),
         ("layout_version", C.c_uint32),
@@ -137,6 +145,8 @@ class Header(C.Structure):
 
 
 class Slot(C.Structure):
+    """tr_slot: one request slot's control block; its payload follows it."""
+
     _fields_ = [
         ("state", C.c_uint32),
         ("client_waiting", C.c_uint32),
@@ -159,6 +169,8 @@ class Slot(C.Structure):
 
 
 class NsEntry(C.Structure):
+    """tr_ns_entry: hot and total rows of one namespace hash (open addressing, 0 = empty)."""
+
     _fields_ = [
         ("ns_hash", C.c_uint64),
         ("hot_rows", C.c_uint64),
@@ -168,6 +180,8 @@ class NsEntry(C.Structure):
 
 
 class ClientEntry(C.Structure):
+    """tr_client_entry: the pid of one attached client (0 = free)."""
+
     _fields_ = [("pid", C.c_int32), ("_reserved", C.c_uint32)]
 
 

@@ -49,11 +49,13 @@ def _find(filename: str) -> Path:
 
 
 def sidecar_executable() -> Path:
+    """The installed tr-sidecar; SidecarUnavailable when it cannot be found."""
     return _find("tr-sidecar")
 
 
 @lru_cache(maxsize=1)
 def client_library() -> C.CDLL:
+    """libtrclient loaded once, with the argument and return types of its calls set."""
     lib = C.CDLL(str(_find("libtrclient.so")))
     lib.tr_client_abi_version.restype = C.c_uint32
     lib.tr_client_abi_version.argtypes = []

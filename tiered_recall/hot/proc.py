@@ -5,6 +5,7 @@ import os
 
 
 def pid_alive(pid: int) -> bool:
+    """True when process pid exists and is not a zombie (a pid we may not signal counts as alive)."""
     if pid <= 0:
         return False
     try:

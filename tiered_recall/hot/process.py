@@ -29,12 +29,15 @@ class SidecarProcess:
 
     @property
     def pid(self) -> int:
+        """The child's pid (a wrapper's, when one runs the sidecar: see server_pid)."""
         return self.popen.pid
 
     def running(self) -> bool:
+        """True while the child has not exited."""
         return self.popen.poll() is None
 
     def log(self) -> str:
+        """The sidecar's log so far ("" when it cannot be read)."""
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:
@@ -145,6 +148,7 @@ class DetachedSidecar:
         self.log_path = log_path
 
     def running(self) -> bool:
+        """True while the daemon's process is alive."""
         return pid_alive(self.pid)
 
     def stop(self, timeout_s: float = 5.0) -> None:

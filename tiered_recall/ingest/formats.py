@@ -56,6 +56,7 @@ class FieldMap:
     time: str | None = None
 
     def candidates(self, kind: str) -> tuple[str, ...]:
+        """The field names to try for kind ("role", "text", "session" or "time"): the one given, else the usual ones."""
         chosen = getattr(self, kind)
         if chosen is not None:
             return (chosen,)
@@ -126,6 +127,7 @@ def detect_format(value: Any, *, fields: FieldMap) -> str | None:
 
 
 def describe(value: Any) -> str:
+    """A short description of a JSON value for an error message ("an object with keys [...]", "a JSON array")."""
     if isinstance(value, dict):
         keys = sorted(map(str, value))
         shown = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "")

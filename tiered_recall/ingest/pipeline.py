@@ -50,9 +50,14 @@ class MemorySink(Protocol):
     def add(self, texts: list[str], *, vectors: np.ndarray | None = None, namespace: str,
             ids: Sequence[int] | None = None, session: list[str | None] | str | None = None,
             role: list[str | None] | str | None = None, metadata: list[dict | None] | dict | None = None,
-            created_at: list[datetime | None] | None = None) -> list[int]: ...
+            created_at: list[datetime | None] | None = None) -> list[int]:
+        """Stores memories as TieredMemory.add does (an existing id is replaced); returns their ids."""
+        ...
 
-    def get(self, ids: Sequence[int]) -> list[Any]: ...
+    def get(self, ids: Sequence[int]) -> list[Any]:
+        """Memories by id in the order asked (None where absent), as TieredMemory.get; ingest compares their content
+        hashes."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

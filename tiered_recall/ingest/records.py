@@ -19,6 +19,8 @@ _WHITESPACE = " \t\n\r"
 
 @dataclass(frozen=True, slots=True)
 class Record:
+    """One JSON value read from a stream, with the line it starts on."""
+
     line: int
     value: Any
 

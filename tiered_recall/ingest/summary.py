@@ -33,18 +33,22 @@ class IngestSummary:
 
     @property
     def skipped_total(self) -> int:
+        """Turns skipped, over every reason."""
         return sum(self.skipped.values())
 
     @property
     def turns_per_second(self) -> float:
+        """Turns read per second of the run (0 before any time has passed)."""
         return self.turns_read / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def note_bad(self, where: str, message: str) -> None:
+        """Counts one bad record; the first MAX_BAD_EXAMPLES are kept as "where: message"."""
         self.bad_records += 1
         if len(self.bad_examples) < MAX_BAD_EXAMPLES:
             self.bad_examples.append(f"{where}: {message}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The counts as a JSON-ready dict (skipped as a total, with skipped_reasons per reason)."""
         return {
             "files": self.files,
             "formats": dict(self.formats),
@@ -64,6 +68,7 @@ class IngestSummary:
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
+        """to_dict() as JSON text."""
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
 
     def __str__(self) -> str:

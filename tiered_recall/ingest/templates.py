@@ -104,4 +104,6 @@ def resolve_template(template: str | TemplateFunction) -> TemplateFunction:
 
 
 def template_name(template: str | TemplateFunction) -> str:
+    """The name stored in each memory's metadata for a template: the name or format string itself, else the
+    callable's name."""
     return template if isinstance(template, str) else getattr(template, "name", getattr(template, "__qualname__", "custom"))

@@ -41,6 +41,7 @@ class Turn:
 
     @property
     def display_date(self) -> str | None:
+        """The date a template shows: date_text as the data wrote it, else created_at formatted, else None."""
         if self.date_text:
             return self.date_text
         if self.created_at is not None:

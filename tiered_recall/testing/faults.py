@@ -33,6 +33,7 @@ def _open(store: Path, device: str = "cpu"):
 
 
 def sidecar_pid(name: str) -> int:
+    """The pid of the live sidecar serving segment `name`, or 0 when none is ready there."""
     from tiered_recall.hot import layout as L
     from tiered_recall.hot.proc import pid_alive
     from tiered_recall.hot import segment_path
@@ -279,6 +280,7 @@ def client_kills(*, kills: int, dim: int = 256, slots: int = 2, seed: int = 0, t
 # ---- 3. SIGKILL an ingest run and run it again -----------------------------------------------
 
 def write_conversations(path: Path, turns: int, seed: int = 0) -> Path:
+    """Writes `turns` JSON Lines chat turns (50 a session, one a minute, seeded) to path; returns path."""
     rnd = random.Random(seed)
     words = "apple river mountain coffee train doctor garden holiday budget slides vet allergy concert".split()
     with open(path, "w") as f:

@@ -63,6 +63,7 @@ class SanitizedSidecar:
             time.sleep(0.01)
 
     def log(self) -> str:
+        """The sidecar's output so far (stdout and stderr, where the sanitizers report)."""
         if not self._log.closed:
             self._log.flush()
         return self.log_path.read_text(errors="replace")
@@ -84,6 +85,7 @@ class SanitizedSidecar:
 
 
 def sanitizer_reports(log: str) -> list[str]:
+    """The lines of a sidecar log that are sanitizer reports (SANITIZER_MARKERS)."""
     return [line for line in log.splitlines() if any(m in line for m in SANITIZER_MARKERS)]
 
 
@@ -123,6 +125,8 @@ def honest_client(name: str, worker: int, seconds: float, queue, stop=None) -> N
 
 
 def run_fuzzer(build: Path, name: str, *args: str, timeout: float = 120) -> dict:
+    """Runs the sanitized tr-fuzz-client against sidecar `name` with `args`; returns the JSON summary it prints last,
+    with its exit code (rc) and the tail of its stderr."""
     out = subprocess.run([str(build / "tr-fuzz-client"), "--name", name, *args], capture_output=True, text=True,
                          timeout=timeout, env={**os.environ, **SANITIZER_ENV})
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]

@@ -63,6 +63,8 @@ class Mix:
 
 @dataclass
 class Row:
+    """What the driver's model knows of one memory."""
+
     namespace: str
     vector: np.ndarray
     role: str
@@ -71,6 +73,9 @@ class Row:
 
 @dataclass
 class Failure(AssertionError):
+    """A wrong answer: the seed, the operation it came at, what was wrong and the operation log (str() says how to
+    re-run it)."""
+
     seed: int
     step: int
     what: str
@@ -131,6 +136,9 @@ def _worker(path: str, device: str, hot_capacity: int, policy: str) -> None:
 
 
 class Worker:
+    """One worker process (this module run with --worker) with its own TieredMemory on the store, driven over
+    its stdin and stdout."""
+
     def __init__(self, index: int, path: Path, device: str, hot_capacity: int, policy: str) -> None:
         self.index, self.device, self.policy = index, device, policy
         args = [sys.executable, "-m", "tiered_recall.testing.interleavings", "--worker", str(path), device,
@@ -138,6 +146,7 @@ class Worker:
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
     def call(self, cmd: dict, timeout_s: float = 120.0) -> Any:
+        """Sends one command and returns the worker's answer; RuntimeError when it died or the operation raised."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
@@ -150,6 +159,7 @@ class Worker:
         return reply["ok"]
 
     def stop(self) -> None:
+        """Asks the worker to close its store and exit (killed after 30 s), and closes its pipes."""
         try:
             self.call({"op": "stop"})
         except Exception:
@@ -207,6 +217,9 @@ def check_hits(got: list, model: dict[int, Row], q: np.ndarray, k: int, namespac
 
 @dataclass
 class Result:
+    """What a run did: operations by kind (counts), searches by the rule that answered (rules), its time and the
+    device of each worker."""
+
     seed: int
     ops: int
     counts: dict

@@ -20,6 +20,8 @@ _DIA_ID = re.compile(r"^D:?(\d+):0*(\d+)$")
 
 @dataclass
 class Question:
+    """One LoCoMo question: its conversation (sample_id), text, category (1-5) and evidence turns (dia_ids "D1:3")."""
+
     conversation: str
     text: str
     category: int
@@ -28,12 +30,16 @@ class Question:
 
 @dataclass
 class EvidenceStats:
+    """Evidence ids rewritten to the canonical form, ids dropped as unknown, and questions left with no evidence."""
+
     normalised: int = 0
     dropped: int = 0
     questions_without_evidence: int = 0
 
 
 def normalise_evidence(raw: Sequence[Any], known: set[str], stats: EvidenceStats) -> frozenset[str]:
+    """The evidence turns of one question as canonical dia_ids "D<session>:<turn>" (an entry may hold several, split
+    at ; or ,), keeping those in `known`; counts what was rewritten or dropped in stats."""
     found = set()
     for entry in raw:
         for piece in re.split(r"[;,]", str(entry)):
@@ -52,6 +58,8 @@ def normalise_evidence(raw: Sequence[Any], known: set[str], stats: EvidenceStats
 
 
 def load_questions(data_file: Path) -> tuple[list[Question], EvidenceStats]:
+    """The questions of categories 1-5 of a LoCoMo data file, evidence normalised; those left with no evidence are
+    counted in the stats and left out."""
     samples = json.loads(data_file.read_text(encoding="utf-8"))
     stats = EvidenceStats()
     questions = []

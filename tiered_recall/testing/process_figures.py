@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 def rss_kb(pid: int) -> int | None:
+    """The process's resident set size in kB (VmRSS), or None when it cannot be read."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -45,11 +46,13 @@ def fd_targets(pid: int) -> list[str] | None:
 
 
 def fds(pid: int) -> int | None:
+    """How many file descriptors the process has open, or None when they cannot be listed."""
     t = fd_targets(pid)
     return None if t is None else len(t)
 
 
 def threads(pid: int) -> int | None:
+    """How many threads the process runs, or None when they cannot be listed."""
     try:
         return len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
@@ -65,12 +68,15 @@ def _fold(target: str, tmp: str) -> str:
 
 
 def fd_kinds(pid: int, tmp: str) -> dict[str, int]:
+    """Open fds counted by what they point at, with `tmp` (the run's folder), uuids and bracketed numbers
+    (socket:[n]) folded so two lists compare by kind."""
     from collections import Counter
 
     return dict(Counter(_fold(t, tmp) for t in fd_targets(pid) or []))
 
 
 def shm_segments() -> list[str]:
+    """The tiered-recall shared-memory segments in /dev/shm, sorted."""
     return sorted(p for p in os.listdir("/dev/shm") if p.startswith("tiered-recall."))
 
 
