@@ -129,8 +129,8 @@ class MemoryCache:
 
     def keep_only(self, live_ids: np.ndarray) -> None:
         """Drops cached memories whose rows are gone (deleted by another process; this process's own deletes drop
-        theirs at once). Nothing else removes them before the cache is full: in the 8-process soak each worker kept
-        every row any search had shown it, half of them deleted since, ~500 B each."""
+        theirs at once): nothing else removes them before the cache is full, so a long-lived process among other
+        writers would keep every row any search ever showed it."""
         if not self._rows:
             return
         cached = np.fromiter(self._rows.keys(), dtype=np.int64, count=len(self._rows))
