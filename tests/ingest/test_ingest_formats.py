@@ -62,11 +62,19 @@ def test_openai_conversation_per_line(memory: FakeMemory) -> None:
     summary = run(FIXTURES / "openai.jsonl", memory)
     records = stored(memory)
     assert summary.formats == {"openai": 1}
-    assert summary.conversations == 3 and summary.added == 7
-    assert [r.role for r in records[:3]] == ["system", "user", "assistant"]
-    assert records[1].session == "chat-1"  # the record's own id
-    assert records[3].session == "openai.jsonl#2"  # no id: source name and record number
+    assert summary.conversations == 3 and summary.added == 6  # the system prompt is not a memory
+    assert summary.skipped_total == 1 and any("system message" in reason for reason in summary.skipped)
+    assert [r.role for r in records[:2]] == ["user", "assistant"]
+    assert records[0].session == "chat-1"  # the record's own id
+    assert records[2].session == "openai.jsonl#2"  # no id: source name and record number
     assert records[-1].text == "Still one conversation."
+
+
+def test_system_messages_are_kept_when_asked(memory: FakeMemory) -> None:
+    from tiered_recall.ingest import ingest
+
+    summary = ingest(FIXTURES / "openai.jsonl", memory=memory, progress=False, keep_system=True)
+    assert summary.added == 7 and [r.role for r in stored(memory)[:1]] == ["system"]
 
 
 def test_openai_single_document_and_message_list(memory: FakeMemory) -> None:

@@ -111,7 +111,9 @@ def test_context_mixed_as_vectors(memory: FakeMemory) -> None:
 
 def test_namespace_template_and_default(memory: FakeMemory) -> None:
     ingest(FIXTURES / "openai.jsonl", memory=memory, progress=False, namespace="chat-{conversation}")
-    assert {r.namespace for r in memory.records.values()} == {"chat-chat-1", "chat-openai.jsonl#2", "chat-openai.jsonl#3"}
+    # {conversation} is the conversation's own name (its id, else the file's stem and the record number), not the
+    # internal key that memory ids are derived from
+    assert {r.namespace for r in memory.records.values()} == {"chat-chat-1", "chat-openai-2", "chat-openai-3"}
     same_turns_elsewhere = FakeMemory(memory.embedder)
     ingest(FIXTURES / "openai.jsonl", memory=same_turns_elsewhere, progress=False, namespace="work")
     assert not set(same_turns_elsewhere.records) & set(memory.records)  # ids include the namespace

@@ -5,7 +5,7 @@ import sys
 import types
 
 from .formats import FORMAT_CHOICES, FORMATS, FieldMap
-from .pipeline import DEFAULT_BATCH_SIZE, IngestProgress, MemorySink, ingest
+from .pipeline import DEFAULT_BATCH_SIZE, IngestInterrupted, IngestProgress, MemorySink, ingest
 from .summary import IngestSummary
 from .templates import DEFAULT_TEMPLATE, TEMPLATES, Template, resolve_template
 from .turns import Turn, content_hash, turn_id
@@ -14,6 +14,7 @@ __all__ = [
     "ingest",
     "IngestSummary",
     "IngestProgress",
+    "IngestInterrupted",
     "MemorySink",
     "Turn",
     "turn_id",

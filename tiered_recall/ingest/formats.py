@@ -10,7 +10,12 @@ Formats and the conversation key each turn's id is derived from:
     locomo    the LoCoMo benchmark file: key sample_id, position dia_id; session dates become
               created_at; dia_id, conversation and session date are kept in metadata; image
               captions (blip_caption) are appended to the text.
-Field names can be remapped (FieldMap); dotted names reach into nested objects ("author.role").
+Field names can be remapped (FieldMap); dotted names reach into nested objects ("author.role"). With a turns
+field (FieldMap.turns, --turns-field) every record is one conversation whose turns are the list at that field, in
+any of the formats' turn shapes ({"dialogue": [{"speaker", "utterance", "time"}]} with --turns-field dialogue
+--role-field speaker --text-field utterance --time-field time). A jsonl record may carry its memory's own "id",
+"namespace" and "metadata" (what `tiered-recall export` writes, so that an export ingests back to the same
+memories). System messages (role "system") are skipped unless keep_system is set.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from .records import BadRecord, Record
 from .sources import Source
 from .turns import Turn, as_utc
 
-FORMATS = ("jsonl", "openai", "sharegpt", "locomo")
+FORMATS = ("jsonl", "openai", "sharegpt", "locomo", "conversation")
 FORMAT_CHOICES = ("auto", *FORMATS)
 
 ROLE_FIELDS = ("role", "from", "speaker", "author", "sender")
@@ -54,6 +59,8 @@ class FieldMap:
     text: str | None = None
     session: str | None = None
     time: str | None = None
+    turns: str | None = None  # the list of a conversation's turns (the "conversation" format)
+    keep_system: bool = False  # store system messages too
 
     def candidates(self, kind: str) -> tuple[str, ...]:
         """The field names to try for kind ("role", "text", "session" or "time"): the one given, else the usual ones."""
@@ -112,6 +119,8 @@ def _first(record: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, 
 
 def detect_format(value: Any, *, fields: FieldMap) -> str | None:
     """The format a first record belongs to, or None when it fits none."""
+    if fields.turns is not None:
+        return "conversation"
     if isinstance(value, dict):
         if isinstance(value.get("conversation"), dict) and ("sample_id" in value or "qa" in value):
             return "locomo"
@@ -144,6 +153,11 @@ def _text_of(value: Any, field_name: str) -> str:
     if isinstance(value, dict) and isinstance(value.get("parts"), list):
         value = value["parts"]
     if isinstance(value, list):
+        if value and all(isinstance(part, dict) and part.get("type") in (None, "") and "text" not in part
+                         for part in value):
+            raise RecordProblem(f"field {field_name!r} holds a list of objects, not text: if they are a "
+                                f"conversation's turns, name that list with turns_field={field_name!r} "
+                                f"(--turns-field {field_name}) and their text field with text_field=... (--text-field)")
         pieces = []
         for part in value:
             if isinstance(part, str):
@@ -200,7 +214,7 @@ def _scalar_text(value: Any, field_name: str) -> str | None:
 
 def _message_turn(
     message: Any, *, source: Source, line: int, key: str, position: int, fields: FieldMap,
-    session: str | None, what: str,
+    session: str | None, what: str, conversation: str,
 ) -> Turn | SkippedTurn:
     if not isinstance(message, dict):
         raise RecordProblem(f"{what} must be an object with role and text fields, got {describe(message)}")
@@ -215,13 +229,37 @@ def _message_turn(
     if isinstance(raw_role, dict):  # ChatGPT exports: "author": {"role": "user", ...}
         raw_role = raw_role.get("role") or raw_role.get("name")
     role = _scalar_text(raw_role, role_name or "role")
+    if role is not None and role.lower() == "system" and not fields.keep_system:
+        return SkippedTurn("system message (keep_system=True, --keep-system, stores them)")
     time_name, raw_time = _first(message, fields.candidates("time"))
     created_at = parse_time(raw_time, field_name=time_name or "time")
     metadata = {"source": source.name}
     return Turn(
         source=source.display, line=line, conversation_key=key, position=str(position), text=text,
-        role=role, session=session, created_at=created_at, metadata=metadata,
+        role=role, session=session, created_at=created_at, metadata=metadata, conversation=conversation,
     )
+
+
+def _own_fields(value: dict[str, Any], turn: Turn) -> Turn:
+    """A jsonl record's own memory id, namespace and metadata (what `tiered-recall export` writes)."""
+    raw_id = value.get("id")
+    if raw_id is not None:
+        if isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)) or not str(raw_id).isdigit() \
+                or not 0 <= int(raw_id) < 1 << 63:
+            raise RecordProblem(f"field 'id' must be a memory id (an integer 0 .. 2**63 - 1, or its digits as a "
+                                f"string), got {raw_id!r}")
+        turn.memory_id = int(raw_id)
+    raw_ns = value.get("namespace")
+    if raw_ns is not None:
+        if not isinstance(raw_ns, str) or not raw_ns:
+            raise RecordProblem(f"field 'namespace' must be a non-empty string, got {describe(raw_ns)}")
+        turn.namespace = raw_ns
+    raw_meta = value.get("metadata")
+    if raw_meta is not None:
+        if not isinstance(raw_meta, dict):
+            raise RecordProblem(f"field 'metadata' must be an object, got {describe(raw_meta)}")
+        turn.metadata = {**raw_meta, **turn.metadata}
+    return turn
 
 
 def _read_message(value: Any, *, source: Source, line: int, fields: FieldMap, state: ReadState) -> Iterator[Turn | SkippedTurn]:
@@ -240,9 +278,18 @@ def _read_message(value: Any, *, source: Source, line: int, fields: FieldMap, st
             f"expected a message with a text field ({wanted}), got {describe(value)}; "
             "map the field with text_field=... (--text-field)"
         )
-    yield _message_turn(
-        value, source=source, line=line, key=key, position=position, fields=fields, session=session, what="the message"
-    )
+    turn = _message_turn(value, source=source, line=line, key=key, position=position, fields=fields, session=session,
+                         what="the message", conversation=session or _stem(source))
+    yield _own_fields(value, turn) if isinstance(turn, Turn) else turn
+
+
+def _stem(source: Source) -> str:
+    """A source's name without its folders and suffixes ("logs/chat.jsonl.gz" -> "chat")."""
+    name = source.name.rsplit("/", 1)[-1]
+    for suffix in (".gz", ".jsonl", ".ndjson", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or source.name
 
 
 def _conversation_key(value: dict[str, Any], *, source: Source, line: int, ordinal: int, state: ReadState) -> str | None:
@@ -262,20 +309,26 @@ def _read_conversation(
 ) -> Iterator[Turn | SkippedTurn]:
     if isinstance(value, list):  # a bare list of messages is one conversation
         value = {list_field: value}
-    if not isinstance(value, dict) or not isinstance(value.get(list_field), list):
-        raise RecordProblem(f"expected an object with a {list_field!r} list, got {describe(value)}")
+    if not isinstance(value, dict) or not isinstance(_lookup(value, list_field), list):
+        raise RecordProblem(f"expected an object with a {list_field!r} list, got {describe(value)}"
+                            + ("; name the list of turns with turns_field=... (--turns-field)"
+                               if isinstance(value, dict) else ""))
+    messages = _lookup(value, list_field)
+    if not messages:
+        raise RecordProblem(f"the conversation's {list_field!r} list is empty: it has no turns to store")
     key = _conversation_key(value, source=source, line=line, ordinal=ordinal, state=state)
-    messages = value[list_field]
     if key is None:
         first = state.seen_conversations.get(_scalar_text(_first(value, CONVERSATION_ID_FIELDS)[1], "id") or "", "?")
         for _ in messages:
             yield SkippedTurn(f"conversation id repeated (first read at {first})")
         return
+    raw_name = _first(value, CONVERSATION_ID_FIELDS)[1]
+    name = _scalar_text(raw_name, "id") if raw_name is not None else f"{_stem(source)}-{ordinal}"
     for position, message in enumerate(messages):
         try:
             yield _message_turn(
                 message, source=source, line=line, key=key, position=position, fields=fields, session=key,
-                what=f"{list_field}[{position}]",
+                what=f"{list_field}[{position}]", conversation=name or key,
             )
         except RecordProblem as problem:
             raise RecordProblem(f"{list_field}[{position}]: {problem}") from None
@@ -323,7 +376,7 @@ def _read_locomo(value: Any, *, source: Source, line: int, state: ReadState) -> 
             yield Turn(
                 source=source.display, line=line, conversation_key=sample_id, position=raw["dia_id"], text=text,
                 role=_scalar_text(raw.get("speaker"), "speaker"), session=name, created_at=created_at,
-                date_text=date_text if isinstance(date_text, str) else None, metadata=metadata,
+                date_text=date_text if isinstance(date_text, str) else None, metadata=metadata, conversation=sample_id,
             )
 
 
@@ -355,10 +408,14 @@ def read_turns(
             elif chosen == "jsonl" or (chosen == "openai" and isinstance(item.value, dict) and "messages" not in item.value):
                 # An OpenAI file may also be a plain list of messages: that is the jsonl shape.
                 produced = list(_read_message(item.value, source=source, line=item.line, fields=fields, state=state))
-            elif chosen in ("openai", "sharegpt"):
+            elif chosen in ("openai", "sharegpt", "conversation"):
+                list_field = {"openai": "messages", "sharegpt": "conversations"}.get(chosen, fields.turns)
+                if list_field is None:
+                    raise InvalidInput("format 'conversation' needs the field holding each record's list of turns: "
+                                       "turns_field=... (--turns-field)")
                 produced = list(_read_conversation(
-                    item.value, list_field="messages" if chosen == "openai" else "conversations", source=source,
-                    line=item.line, ordinal=ordinal, fields=fields, state=state,
+                    item.value, list_field=list_field, source=source, line=item.line, ordinal=ordinal,
+                    fields=fields, state=state,
                 ))
             else:
                 raise InvalidInput(f"unknown format {chosen!r}; use one of {FORMAT_CHOICES}")

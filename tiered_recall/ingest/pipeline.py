@@ -9,6 +9,7 @@ again ends with exactly the memories of one clean run.
 from __future__ import annotations
 
 import os
+import string
 import sys
 import time
 from collections import OrderedDict, deque
@@ -39,7 +40,19 @@ MAX_CONTEXT_TURNS = 16
 # Context windows are kept per conversation; JSONL files may interleave many sessions, so the
 # oldest windows are dropped beyond this many (a dropped session restarts with an empty window).
 MAX_OPEN_CONTEXTS = 10_000
-NAMESPACE_FIELDS = ("{conversation}", "{source}")
+# Placeholders of a namespace template: the file's name (its path inside a folder given), the name without folders
+# and suffixes, the conversation's own name, and the session ("{source}" is the older spelling of "{file}").
+NAMESPACE_FIELDS = ("file", "stem", "conversation", "session", "source")
+
+
+class IngestInterrupted(Exception):
+    """An ingest asked to stop (stop() returned True) stopped at a batch boundary: every batch before is stored, and
+    running it again resumes (nothing is stored twice). summary: what was done."""
+
+    def __init__(self, summary: IngestSummary) -> None:
+        super().__init__(f"ingest stopped after {summary.added + summary.updated + summary.unchanged} turns "
+                         f"stored or confirmed, of {summary.turns_read} read")
+        self.summary = summary
 
 
 class MemorySink(Protocol):
@@ -92,17 +105,30 @@ def _open_memory(store: str | os.PathLike[str] | None) -> MemorySink:
 
 
 def _namespace_resolver(namespace: str | None) -> Callable[[Turn, Source], str]:
+    """Each turn's namespace: the template's, with its placeholders filled; without one, the record's own
+    namespace (an export's) or "default"."""
     if namespace is None:
-        return lambda turn, source: DEFAULT_NAMESPACE
+        return lambda turn, source: turn.namespace or DEFAULT_NAMESPACE
     if not isinstance(namespace, str):
         raise InvalidInput(f"namespace must be a str, got {type(namespace).__name__}")
-    if not any(field in namespace for field in NAMESPACE_FIELDS):
+    try:
+        fields = [name for _, name, spec, conv in string.Formatter().parse(namespace) if name is not None]
+    except ValueError as error:
+        raise InvalidInput(f"namespace template {namespace!r} is not valid ({error}): use placeholders such as "
+                           "{conversation}, and double braces for a literal brace") from None
+    unknown = sorted(set(fields) - set(NAMESPACE_FIELDS))
+    if unknown:
+        raise InvalidInput(f"namespace template {namespace!r} uses unknown placeholder(s) {unknown}: use "
+                           "{file}, {stem}, {conversation} or {session}")
+    if not fields:
         validate_namespace(namespace)
         return lambda turn, source: namespace
     checked: dict[str, str] = {}
 
     def resolve(turn: Turn, source: Source) -> str:
-        name = namespace.replace("{conversation}", turn.conversation_key).replace("{source}", source.name)
+        stem = source.name.rsplit("/", 1)[-1].split(".", 1)[0] or source.name
+        name = namespace.format(file=source.name, source=source.name, stem=stem,
+                                conversation=turn.conversation or turn.conversation_key, session=turn.session or "")
         if name not in checked:
             checked[name] = validate_namespace(name)
         return name
@@ -153,12 +179,15 @@ def ingest(
     text_field: str | None = None,
     session_field: str | None = None,
     time_field: str | None = None,
+    turns_field: str | None = None,
+    keep_system: bool = False,
     context_turns: int = DEFAULT_CONTEXT_TURNS,
     context_weight: float | None = DEFAULT_CONTEXT_WEIGHT,
     template: str | TemplateFunction = DEFAULT_TEMPLATE,
     batch_size: int = DEFAULT_BATCH_SIZE,
     skip_bad: bool = False,
     progress: bool | Callable[[IngestProgress], Any] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> IngestSummary:
     """Read conversation files into memories, one memory per turn. Safe to re-run and to kill.
 
@@ -166,12 +195,19 @@ def ingest(
         for stdin; gzip is recognised by content.
     memory: a TieredMemory (or anything with .embedder, .add, .get); when None one is opened at `store` (None:
         the user's own store).
-    format: "auto" (detected per file from its first record), "jsonl", "openai", "sharegpt", "locomo".
-    namespace: where the memories go; "default" when None. "{conversation}" and "{source}" in it are
-        replaced per turn (e.g. namespace="chat-{conversation}" gives each conversation its own).
+    format: "auto" (detected per file from its first record), "jsonl", "openai", "sharegpt", "locomo", or
+        "conversation" (one conversation per record, its turns the list at turns_field).
+    namespace: where the memories go; None: a record's own namespace (an export's), else "default". Placeholders
+        are filled per turn: {file} (the file's name, its path inside a folder given), {stem} (the name without
+        folders and suffixes), {conversation} (the conversation's own id, its session, or the stem) and {session};
+        namespace="chat-{conversation}" gives each conversation its own. Any other placeholder is refused.
     role_field / text_field / session_field / time_field: field names to read instead of the usual
         ones (role/from/speaker..., content/value/text..., session/session_id..., timestamp/created_at...);
         dotted names reach into nested objects ("author.role").
+    turns_field: the field (dotted) holding each record's list of turns, for conversation-per-record files of any
+        shape: {"dialogue": [{"speaker", "utterance"}]} goes in with turns_field="dialogue", role_field="speaker",
+        text_field="utterance".
+    keep_system: store system messages (role "system") too; by default they are skipped (counted as such).
     context_turns: embed each turn together with this many preceding turns of its conversation; the
         stored text is still the turn alone (one memory per turn). 0 embeds the turn alone.
     context_weight: how the preceding turns are mixed in: a number w gives the vector
@@ -184,6 +220,8 @@ def ingest(
         bad record raises InvalidInput naming file:line, after every turn before it was stored.
     progress: None shows a bar when stderr is a terminal, True always, False never; a callable gets
         an IngestProgress after every batch.
+    stop: asked after every batch; when it returns True the run stops there, with IngestInterrupted (every
+        batch before is stored; running the same ingest again resumes). The CLI sets it on Ctrl-C.
 
     Returns an IngestSummary (added / updated / unchanged / skipped / bad records, elapsed; .to_json()).
     """
@@ -194,7 +232,13 @@ def ingest(
     render = resolve_template(template)
     namespace_of = _namespace_resolver(namespace)
     sources = expand_sources(paths)
-    fields = FieldMap(role=role_field, text=text_field, session=session_field, time=time_field)
+    if turns_field is not None and (not isinstance(turns_field, str) or not turns_field):
+        raise InvalidInput(f"turns_field must be a non-empty field name, got {turns_field!r}")
+    if format not in ("auto", "conversation") and turns_field is not None:
+        raise InvalidInput(f"turns_field reads one conversation per record: use format='auto' or 'conversation', "
+                           f"not {format!r}")
+    fields = FieldMap(role=role_field, text=text_field, session=session_field, time=time_field, turns=turns_field,
+                      keep_system=bool(keep_system))
     if memory is None:
         memory = _open_memory(store)
     for needed in ("embedder", "add", "get"):
@@ -204,7 +248,7 @@ def ingest(
                           context_weight=float(context_weight) if context_weight is not None else None)
     run = _Run(writer=writer, render=render, namespace_of=namespace_of, context_turns=context_turns,
                mix_vectors=context_weight is not None, batch_size=batch_size, skip_bad=skip_bad, started=started,
-               sources=sources, progress=progress)
+               sources=sources, progress=progress, stop=stop)
     try:
         for source in sources:
             run.read(source, format=format, fields=fields)
@@ -234,7 +278,8 @@ class _Run:
     reporting progress after each."""
 
     def __init__(self, *, writer: "_BatchWriter", render, namespace_of, context_turns: int, mix_vectors: bool,
-                 batch_size: int, skip_bad: bool, started: float, sources: list[Source], progress) -> None:
+                 batch_size: int, skip_bad: bool, started: float, sources: list[Source], progress,
+                 stop: Callable[[], bool] | None = None) -> None:
         self.writer, self.render, self.namespace_of = writer, render, namespace_of
         self.context_turns, self.mix_vectors = context_turns, mix_vectors
         self.batch_size, self.skip_bad, self.started = batch_size, skip_bad, started
@@ -246,6 +291,7 @@ class _Run:
         self.reporter = _ProgressReporter(progress, bytes_total=self.bytes_total)
         self.bytes_done = 0
         self.pending: list[_Pending] = []
+        self.stop = stop
 
     def read(self, source: Source, *, format: str, fields: FieldMap) -> None:
         summary = self.summary
@@ -291,7 +337,8 @@ class _Run:
         mix = self.mix_vectors
         return _Pending(
             turn=item,
-            id=turn_id(namespace=namespace_name, conversation_key=item.conversation_key, position=item.position),
+            id=item.memory_id if item.memory_id is not None else turn_id(
+                namespace=namespace_name, conversation_key=item.conversation_key, position=item.position),
             namespace=namespace_name,
             embedded_text=self.render(item, () if mix else context),
             context_texts=tuple(previous.text for previous in context) if mix else (),
@@ -311,6 +358,8 @@ class _Run:
             bytes_total=self.bytes_total, elapsed_s=time.perf_counter() - self.started,
             current_source=source.display,
         ))
+        if self.stop is not None and self.stop():
+            raise IngestInterrupted(self.summary)
 
     def close(self) -> None:
         self.reporter.close()

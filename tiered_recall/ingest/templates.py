@@ -80,7 +80,7 @@ class _FormatTemplate:
         def render(one: Turn, *, date: str) -> str:
             return self.pattern.format(
                 text=one.text, speaker=one.speaker, role=one.role or "", date=date,
-                session=one.session or "", conversation=one.conversation_key,
+                session=one.session or "", conversation=one.conversation or one.conversation_key,
             )
 
         lines = [render(previous, date="") for previous in context]

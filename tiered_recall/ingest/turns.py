@@ -18,6 +18,7 @@ class Turn:
 
     conversation_key: identifies the conversation across runs (an id the data carries, else the
         source's name and the record's ordinal); with `position` it fixes the memory id.
+    conversation: the conversation's name as a user would write it ({conversation} in a namespace or template).
     position: the turn's place in its conversation ("3", or the data's own id such as "D1:3").
     text: what is stored (image captions already appended).
     date_text: the date as the data wrote it (LoCoMo session dates), for templates.
@@ -33,6 +34,9 @@ class Turn:
     created_at: datetime | None = None
     date_text: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    conversation: str = ""  # the conversation's own name, for {conversation}: its id, session, or the file's stem
+    namespace: str | None = None  # a record's own namespace (what `tiered-recall export` writes)
+    memory_id: int | None = None  # a record's own memory id (likewise): kept instead of one derived from the turn
 
     @property
     def speaker(self) -> str:
