@@ -79,9 +79,13 @@ typedef struct tr_backend_ops {
 } tr_backend_ops;
 
 extern const tr_backend_ops tr_cpu_backend;
-#ifdef TR_WITH_CUDA
-extern const tr_backend_ops tr_cuda_backend;
-#endif
+
+/* The CUDA backend is a library of its own (src/cuda/, built as libtrcuda.so), installed beside tr-sidecar and loaded
+ * only when --backend cuda asks for it: a sidecar serving from the CPU never maps CUDA code, and one build serves
+ * machines with and without a GPU. The library exports the operations table and the layout it was built for. */
+#define TR_CUDA_LIBRARY "libtrcuda.so"
+#define TR_CUDA_BACKEND_SYMBOL "tr_cuda_backend"
+#define TR_CUDA_LAYOUT_SYMBOL "tr_cuda_backend_layout"
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,15 @@
 
 typedef _Float16 tr_half;
 
+/* One build serves every x86-64 machine (a wheel is built once): the scan is compiled for AVX-512 (x86-64-v4), for
+ * AVX2 with FMA and F16C (x86-64-v3) and for the baseline, and the loader picks the best the CPU has. A build tuned
+ * for its own machine (TR_NATIVE_ARCH=ON: -march=native) needs no clones. */
+#if defined(__x86_64__) && !defined(TR_NATIVE_ARCH_BUILD)
+#define TR_SCAN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TR_SCAN_CLONES
+#endif
+
 typedef struct cpu_backend {
     uint32_t dim;
     uint32_t dtype;
@@ -138,7 +147,7 @@ typedef struct scan_job {
     uint32_t *heap_sizes; /* one per worker */
 } scan_job;
 
-static void scan_task(void *arg, uint32_t worker, uint32_t workers) {
+TR_SCAN_CLONES static void scan_task(void *arg, uint32_t worker, uint32_t workers) {
     scan_job *job = arg;
     cpu_backend *b = job->b;
     uint64_t per = (b->rows + workers - 1) / workers;

@@ -11,10 +11,14 @@
  * its shape and format for it) cost more than allocating the array.
  */
 #define PY_SSIZE_T_CLEAN
+/* The stable ABI of Python 3.10: one build of this module serves Python 3.10 and every later version (the wheel is
+ * tagged cp310-abi3). */
+#ifndef Py_LIMITED_API /* CMake's USE_SABI 3.10 defines it too */
+#define Py_LIMITED_API 0x030A0000
+#endif
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
 #include <numpy/arrayobject.h>
-#include <structmember.h> /* T_OBJECT_EX, READONLY: SearchResult's slots */
 
 #include <time.h>
 
@@ -39,20 +43,31 @@ typedef struct {
                             * closed, or close() sees it in flight and waits) */
 } FastClient; /* HotTier closes it, and waits, before it unmaps the segment at base */
 
-/* The offset of a class's object slot `name` (a __slots__ entry), or 0 when it has none. */
-static Py_ssize_t object_slot_offset(PyObject *type, const char *name) {
-    PyObject *d = PyObject_GetAttrString(type, name); /* on the class: the member descriptor itself */
-    if (!d) {
-        PyErr_Clear();
-        return 0;
+/* Where instances of `type` keep each of the four names' values, found by observation: the stable ABI (this module
+ * is built for it, so one build serves every Python from 3.10) hides member descriptors' offsets, so a probe
+ * instance gets a fresh object set through each name and its memory is searched for that object. Fills offsets
+ * and returns 1 only when every name is a plain object slot of the instance (no __dict__ behind it, no property,
+ * value read back intact); else 0, and the caller calls the class instead. */
+static int find_object_slots(PyObject *type, const char *const names[4], Py_ssize_t offsets[4]) {
+    PyObject *size_obj = PyObject_GetAttrString(type, "__basicsize__");
+    const Py_ssize_t size = size_obj ? PyLong_AsSsize_t(size_obj) : -1;
+    Py_XDECREF(size_obj);
+    allocfunc alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)type, Py_tp_alloc);
+    PyObject *probe = size > 0 && alloc ? alloc((PyTypeObject *)type, 0) : NULL;
+    int found = probe != NULL;
+    for (int i = 0; found && i < 4; i++) {
+        PyObject *marker = PyList_New(0); /* a new object: its address appears nowhere else in the probe */
+        found = marker && PyObject_SetAttrString(probe, names[i], marker) == 0;
+        offsets[i] = 0;
+        for (Py_ssize_t at = (Py_ssize_t)sizeof(PyObject); found && at + (Py_ssize_t)sizeof(PyObject *) <= size;
+             at += (Py_ssize_t)sizeof(PyObject *))
+            if (*(PyObject **)((char *)probe + at) == marker) offsets[i] = at;
+        found = found && offsets[i] > 0;
+        Py_XDECREF(marker);
     }
-    Py_ssize_t offset = 0;
-    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-        const PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) offset = m->offset;
-    }
-    Py_DECREF(d);
-    return offset;
+    Py_XDECREF(probe);
+    PyErr_Clear();
+    return found;
 }
 
 static int FastClient_init(PyObject *self_obj, PyObject *args, PyObject *kwargs) {
@@ -88,12 +103,8 @@ static int FastClient_init(PyObject *self_obj, PyObject *args, PyObject *kwargs)
     self->result_type = result_type;
     Py_XDECREF(old);
     static const char *const slot_names[4] = {"ids", "scores", "hits", "service_ns"};
-    int all_slots = PyType_Check(result_type);
-    for (int i = 0; i < 4; i++) {
-        self->result_slots[i] = all_slots ? object_slot_offset(result_type, slot_names[i]) : 0;
-        all_slots &= self->result_slots[i] > 0;
-    }
-    if (!all_slots) memset(self->result_slots, 0, sizeof self->result_slots);
+    if (!PyType_Check(result_type) || !find_object_slots(result_type, slot_names, self->result_slots))
+        memset(self->result_slots, 0, sizeof self->result_slots);
     return 0;
 }
 
@@ -190,7 +201,8 @@ static PyObject *FastClient_search(PyObject *self_obj, PyObject *const *args, Py
     PyObject *fields[4] = {ids, scores, PyLong_FromUnsignedLong(result.reply_count),
                            PyLong_FromUnsignedLongLong((unsigned long long)result.service_ns)};
     PyTypeObject *type = (PyTypeObject *)self->result_type;
-    PyObject *answer = fields[2] && fields[3] ? type->tp_alloc(type, 0) : NULL;
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    PyObject *answer = fields[2] && fields[3] ? alloc(type, 0) : NULL;
     if (!answer) {
         for (int i = 0; i < 4; i++) Py_XDECREF(fields[i]);
         return NULL;

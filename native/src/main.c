@@ -1,6 +1,8 @@
 /* tr-sidecar: the hot-tier process. Parses options, creates the segment, picks a backend, serves. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,17 +28,56 @@ static uint32_t next_pow2(uint64_t v) {
     return (uint32_t)p;
 }
 
-/* The backend o->backend names (NULL, with a message, when this build lacks it); fills in the dtype it implies. */
+/* libtrcuda.so's path: beside this executable. */
+static int cuda_library_path(char *path, size_t len) {
+    char self[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (!slash) return -1;
+    *slash = 0;
+    return snprintf(path, len, "%s/%s", self, TR_CUDA_LIBRARY) < (int)len ? 0 : -1;
+}
+
+/* The CUDA backend's operations from libtrcuda.so, or NULL with why in err (quiet = no message needed). */
+static const tr_backend_ops *load_cuda_backend(char *err, size_t errlen) {
+    char path[PATH_MAX + 32];
+    if (cuda_library_path(path, sizeof path) != 0) {
+        snprintf(err, errlen, "cannot find the folder of tr-sidecar to load %s from", TR_CUDA_LIBRARY);
+        return NULL;
+    }
+    if (access(path, F_OK) != 0) {
+        snprintf(err, errlen, "this install has no CUDA backend (no %s): install a wheel or a build made with a "
+                              "CUDA toolkit present (TR_CUDA=ON), or use --backend cpu", path);
+        return NULL;
+    }
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(err, errlen, "the CUDA backend %s does not load: %s", path, dlerror());
+        return NULL;
+    }
+    const uint32_t *layout = (const uint32_t *)dlsym(lib, TR_CUDA_LAYOUT_SYMBOL);
+    const tr_backend_ops *ops = (const tr_backend_ops *)dlsym(lib, TR_CUDA_BACKEND_SYMBOL);
+    if (!layout || !ops || *layout != TR_LAYOUT_VERSION) {
+        snprintf(err, errlen, "%s is from another build (layout %u, this sidecar %u): reinstall the package so both "
+                              "come from one build", path, layout ? *layout : 0u, TR_LAYOUT_VERSION);
+        dlclose(lib);
+        return NULL;
+    }
+    return ops; /* kept loaded for the life of the process */
+}
+
+/* The backend o->backend names (NULL, with a message, when this install lacks it); fills in the dtype it implies. */
 static const tr_backend_ops *pick_backend(tr_options *o) {
     const tr_backend_ops *ops = &tr_cpu_backend;
     if (strcmp(o->backend, "cuda") == 0) {
-#ifdef TR_WITH_CUDA
-        ops = &tr_cuda_backend;
-#else
-        fprintf(stderr, "tr-sidecar: this build has no CUDA backend: reinstall with a CUDA toolkit "
-                        "present (TR_CUDA=ON) or use --backend cpu\n");
-        return NULL;
-#endif
+        char err[PATH_MAX + 256];
+        ops = load_cuda_backend(err, sizeof err);
+        if (!ops) {
+            fprintf(stderr, "tr-sidecar: %s\n", err);
+            return NULL;
+        }
     }
     if (!o->dtype) o->dtype = ops->kind == TR_BACKEND_CUDA ? "f16" : "f32";
     else if (strcmp(o->dtype, "float32") == 0) o->dtype = "f32";
@@ -47,13 +88,13 @@ static const tr_backend_ops *pick_backend(tr_options *o) {
 static int act(tr_action action, tr_options *o) {
     switch (action) {
     case TR_ACTION_PRINT_LAYOUT: tr_print_layout_json(); return 0;
-    case TR_ACTION_BACKENDS:
-#ifdef TR_WITH_CUDA
-        printf("cpu cuda\n");
-#else
-        printf("cpu\n");
-#endif
+    case TR_ACTION_BACKENDS: {
+        char err[PATH_MAX + 256];
+        const int cuda = load_cuda_backend(err, sizeof err) != NULL;
+        printf(cuda ? "cpu cuda\n" : "cpu\n");
+        if (!cuda && o->verbose) fprintf(stderr, "tr-sidecar: no cuda: %s\n", err);
         return 0;
+    }
     case TR_ACTION_VERSION: printf("tr-sidecar layout %u\n", TR_LAYOUT_VERSION); return 0;
     case TR_ACTION_HELP: tr_options_usage(stdout); return 0;
     case TR_ACTION_PRINT_CONFIG:

@@ -88,7 +88,7 @@ static const flag flags[] = {
     {"print-config", F_ACTION, TR_ACTION_PRINT_CONFIG, 0, 0, NULL, "print the options as JSON (after the other flags) "
      "and exit", NULL},
     {"print-layout", F_ACTION, TR_ACTION_PRINT_LAYOUT, 0, 0, NULL, "print the segment layout as JSON and exit", NULL},
-    {"backends", F_ACTION, TR_ACTION_BACKENDS, 0, 0, NULL, "print the compiled backends and exit", NULL},
+    {"backends", F_ACTION, TR_ACTION_BACKENDS, 0, 0, NULL, "print the backends this install can serve from (cuda: libtrcuda.so beside tr-sidecar loads) and exit", NULL},
     {"version", F_ACTION, TR_ACTION_VERSION, 0, 0, NULL, "print the layout version and exit", NULL},
     {"help", F_ACTION, TR_ACTION_HELP, 0, 0, NULL, "print this and exit (also -h)", NULL},
 };

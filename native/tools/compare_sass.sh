@@ -4,7 +4,7 @@
 #   native/tools/compare_sass.sh BEFORE AFTER
 #
 # BEFORE and AFTER are each a CMake build folder (every *.cu.o under it is read), an object file, a cubin, or an
-# executable or library carrying a fatbin (tr-sidecar). Per kernel (cuobjdump -sass), the instruction stream is
+# executable or library carrying a fatbin (libtrcuda.so, the CUDA backend). Per kernel (cuobjdump -sass), the instruction stream is
 # compared with its encodings (the control words hold the scheduling: stalls, barriers, yields), after the
 # instruction offsets in the margin are dropped; the per-kernel resource usage (cuobjdump -res-usage: registers,
 # stack, shared, local and constant memory) is compared too. Source line information is not part of that output,

@@ -280,7 +280,9 @@ static int cuda_set_row_count(void *self, uint64_t rows, char *err, size_t errle
     return 0;
 }
 
-extern "C" const tr_backend_ops tr_cuda_backend = {
+/* The library's only exported symbols (backend.h: TR_CUDA_BACKEND_SYMBOL, TR_CUDA_LAYOUT_SYMBOL). */
+extern "C" __attribute__((visibility("default"))) const uint32_t tr_cuda_backend_layout = TR_LAYOUT_VERSION;
+extern "C" __attribute__((visibility("default"))) const tr_backend_ops tr_cuda_backend = {
     "cuda",
     TR_BACKEND_CUDA,
     cuda_create,
