@@ -1,7 +1,13 @@
 """tiered-recall: a two-tier memory store for LLM agents (hot tier in a GPU/CPU sidecar, LanceDB on disk)."""
 from __future__ import annotations
 
-from .errors import (
+import sys
+
+if sys.version_info < (3, 10):  # pip checks requires-python too; this covers a copy put on sys.path by hand
+    raise ImportError(f"tiered-recall needs Python 3.10 or newer; this is Python {sys.version.split()[0]}: "
+                      "install it into a Python 3.10+ environment")
+
+from .errors import (  # noqa: E402
     HotTierFull,
     IncompatibleLayout,
     InvalidInput,
