@@ -1,9 +1,11 @@
 """Text embedders: the Embedder protocol, WordLlama (default), MiniLM (optional) and any callable."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -82,16 +84,34 @@ def normalize_rows(vectors: np.ndarray, *, source: str) -> np.ndarray:
 
 
 def _wordllama_package_folder() -> str:
-    import wordllama
+    with _root_logger_kept():
+        import wordllama
 
     return os.path.dirname(os.path.abspath(wordllama.__file__))
+
+
+@contextlib.contextmanager
+def _root_logger_kept() -> Iterator[None]:
+    """Puts the root logger's level and handlers back as they were: importing wordllama calls
+    logging.basicConfig(level=INFO), which would turn on INFO output (FAISS's loader lines among it) for the whole
+    application that uses this store."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
 
 
 @functools.lru_cache(maxsize=None)
 def _load_wordllama(dim: int) -> Any:
     # A plain WordLlama.load() looks for the tokenizer in the wrong folder and falls back to a hub
     # download (DESIGN.md); pointing cache_dir at the package folder finds the shipped files.
-    from wordllama import WordLlama
+    with _root_logger_kept():
+        from wordllama import WordLlama
 
     trunc_dim = None if dim == 256 else dim
     try:
