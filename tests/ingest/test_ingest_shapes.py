@@ -80,11 +80,30 @@ def test_an_unknown_placeholder_is_an_error_not_a_literal(memory, tmp_path):
     assert memory.records == {}
 
 
-def test_a_records_own_id_namespace_and_metadata_are_kept(memory, tmp_path):
+def test_an_exported_memory_keeps_its_id_namespace_and_exact_metadata(memory, tmp_path):
     path = write_jsonl(tmp_path / "export.jsonl", [
-        {"id": "3952096011494383915", "namespace": "alice", "role": "user", "content": "Ana is vegetarian",
+        {"memory_id": "3952096011494383915", "namespace": "alice", "role": "user", "content": "Ana is vegetarian",
          "session": "s1", "timestamp": "2024-01-02T03:04:05+00:00", "metadata": {"source_app": "chat"}}])
-    ingest(path, memory=memory, progress=False)
+    first = ingest(path, memory=memory, progress=False)
     (record,) = memory.records.values()
     assert record.id == 3952096011494383915 and record.namespace == "alice" and record.session == "s1"
-    assert record.metadata["source_app"] == "chat"
+    assert record.metadata == {"source_app": "chat"}  # nothing of this reading added
+    assert (first.added, first.unchanged) == (1, 0)
+    again = ingest(path, memory=memory, progress=False)
+    assert (again.added, again.updated, again.unchanged, again.embedded) == (0, 0, 1, 0)
+
+
+def test_a_chat_logs_own_message_ids_are_not_memory_ids(memory, tmp_path):
+    """Only memory_id (what export writes) names a memory: a log's "id": 1, 2 ... in two files must not collide."""
+    for name in ("a.jsonl", "b.jsonl"):
+        write_jsonl(tmp_path / name, [{"id": 1, "role": "user", "content": f"first of {name}"},
+                                      {"id": "msg_2", "role": "assistant", "content": f"second of {name}"}])
+    summary = ingest([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], memory=memory, progress=False)
+    assert summary.added == 4 and len(memory.records) == 4
+    assert 1 not in memory.records
+
+
+def test_a_malformed_memory_id_is_a_bad_record(memory, tmp_path):
+    path = write_jsonl(tmp_path / "export.jsonl", [{"memory_id": "12x", "content": "a"}])
+    with pytest.raises(InvalidInput, match=r"field 'memory_id' must be a memory id"):
+        ingest(path, memory=memory, progress=False)

@@ -13,9 +13,9 @@ Formats and the conversation key each turn's id is derived from:
 Field names can be remapped (FieldMap); dotted names reach into nested objects ("author.role"). With a turns
 field (FieldMap.turns, --turns-field) every record is one conversation whose turns are the list at that field, in
 any of the formats' turn shapes ({"dialogue": [{"speaker", "utterance", "time"}]} with --turns-field dialogue
---role-field speaker --text-field utterance --time-field time). A jsonl record may carry its memory's own "id",
-"namespace" and "metadata" (what `tiered-recall export` writes, so that an export ingests back to the same
-memories). System messages (role "system") are skipped unless keep_system is set.
+--role-field speaker --text-field utterance --time-field time). A jsonl record may carry its memory's own
+"memory_id", "namespace" and "metadata" (what `tiered-recall export` writes, so that an export ingests back to the
+same memories); a plain "id" field is a chat log's own and names no memory. System messages (role "system") are skipped unless keep_system is set.
 """
 from __future__ import annotations
 
@@ -241,13 +241,14 @@ def _message_turn(
 
 
 def _own_fields(value: dict[str, Any], turn: Turn) -> Turn:
-    """A jsonl record's own memory id, namespace and metadata (what `tiered-recall export` writes)."""
-    raw_id = value.get("id")
+    """A jsonl record's own namespace and metadata, and for an exported memory (`tiered-recall export` writes a
+    memory_id) that memory's id and exactly its metadata."""
+    raw_id = value.get("memory_id")
     if raw_id is not None:
         if isinstance(raw_id, bool) or not isinstance(raw_id, (int, str)) or not str(raw_id).isdigit() \
-                or not 0 <= int(raw_id) < 1 << 63:
-            raise RecordProblem(f"field 'id' must be a memory id (an integer 0 .. 2**63 - 1, or its digits as a "
-                                f"string), got {raw_id!r}")
+                or not 0 < int(raw_id) < 1 << 63:
+            raise RecordProblem(f"field 'memory_id' must be a memory id (an integer 1 .. 2**63 - 1, or its digits as "
+                                f"a string), got {raw_id!r}")
         turn.memory_id = int(raw_id)
     raw_ns = value.get("namespace")
     if raw_ns is not None:
@@ -255,9 +256,11 @@ def _own_fields(value: dict[str, Any], turn: Turn) -> Turn:
             raise RecordProblem(f"field 'namespace' must be a non-empty string, got {describe(raw_ns)}")
         turn.namespace = raw_ns
     raw_meta = value.get("metadata")
-    if raw_meta is not None:
-        if not isinstance(raw_meta, dict):
-            raise RecordProblem(f"field 'metadata' must be an object, got {describe(raw_meta)}")
+    if raw_meta is not None and not isinstance(raw_meta, dict):
+        raise RecordProblem(f"field 'metadata' must be an object, got {describe(raw_meta)}")
+    if turn.memory_id is not None:
+        turn.metadata = dict(raw_meta or {})  # the memory as it was: no provenance of this reading added
+    elif raw_meta:
         turn.metadata = {**raw_meta, **turn.metadata}
     return turn
 

@@ -322,6 +322,9 @@ class _Run:
 
     def _pending(self, item: Turn, source: Source, contexts: "OrderedDict[str, deque[Turn]]") -> _Pending:
         namespace_name = self.namespace_of(item, source)
+        if item.memory_id is not None:  # an exported memory: no conversation around it
+            return _Pending(turn=item, id=item.memory_id, namespace=namespace_name, embedded_text=item.text,
+                            context_texts=())
         self.conversations.add((namespace_name, item.conversation_key))
         context: Sequence[Turn] = ()
         if self.context_turns:
@@ -337,8 +340,7 @@ class _Run:
         mix = self.mix_vectors
         return _Pending(
             turn=item,
-            id=item.memory_id if item.memory_id is not None else turn_id(
-                namespace=namespace_name, conversation_key=item.conversation_key, position=item.position),
+            id=turn_id(namespace=namespace_name, conversation_key=item.conversation_key, position=item.position),
             namespace=namespace_name,
             embedded_text=self.render(item, () if mix else context),
             context_texts=tuple(previous.text for previous in context) if mix else (),
@@ -392,6 +394,8 @@ class _BatchWriter:
             digest = content_hash(item.turn, embedded_text=embedded, embedder_name=self.embedder_name)
             if existing is None:
                 to_write.append((item, digest, False))
+            elif item.turn.memory_id is not None and _same_memory(existing, item):
+                summary.unchanged += 1
             elif (getattr(existing, "metadata", None) or {}).get("content_hash") == digest:
                 summary.unchanged += 1
             else:
@@ -439,6 +443,8 @@ class _BatchWriter:
         return np.ascontiguousarray(mixed, dtype=np.float32)
 
     def _metadata(self, item: _Pending, digest: str) -> dict[str, Any]:
+        if item.turn.memory_id is not None:
+            return dict(item.turn.metadata)
         return {
             **item.turn.metadata,
             "conversation_key": item.turn.conversation_key,
@@ -446,3 +452,12 @@ class _BatchWriter:
             "template": self.template,
             "content_hash": digest,
         }
+
+
+def _same_memory(existing: Any, item: _Pending) -> bool:
+    """Whether the stored memory already is the exported one: same namespace, text, role, session, time and
+    metadata (then nothing is embedded or written)."""
+    turn = item.turn
+    return (existing.namespace == item.namespace and existing.text == turn.text and existing.role == turn.role
+            and existing.session == turn.session and existing.metadata == turn.metadata
+            and (turn.created_at is None or existing.created_at == turn.created_at))

@@ -36,7 +36,9 @@ class Turn:
     metadata: dict[str, Any] = field(default_factory=dict)
     conversation: str = ""  # the conversation's own name, for {conversation}: its id, session, or the file's stem
     namespace: str | None = None  # a record's own namespace (what `tiered-recall export` writes)
-    memory_id: int | None = None  # a record's own memory id (likewise): kept instead of one derived from the turn
+    # An exported memory's id (likewise): the record is that memory, stored with its own id, its text embedded alone
+    # (as TieredMemory.add embeds it) and its metadata exactly as given.
+    memory_id: int | None = None
 
     @property
     def speaker(self) -> str:
