@@ -268,3 +268,32 @@ def test_hybrid_search_fuses_keywords_with_vectors(open_memory):
     assert all(h.tier == "cold" for h in report.hits)
     with pytest.raises(InvalidInput, match="text query"):
         memory.search(np.ones(DIM, dtype=np.float32), hybrid=True)
+
+
+def test_a_search_report_reads_like_the_hits_it_explains(open_memory):
+    rng = np.random.default_rng(5)
+    memory = open_memory()
+    x = unit_rows(rng, 12)
+    memory.add([f"m{i}" for i in range(12)], vectors=x, namespace="r")
+    plain = memory.search(x[3], k=4, namespace="r")
+    report = memory.search(x[3], k=4, namespace="r", explain=True)
+    assert [h.id for h in report] == [h.id for h in plain] == [h.id for h in report.hits]
+    assert len(report) == 4 and report[0].id == plain[0].id and report[-1].id == plain[-1].id
+
+
+def test_memories_lists_every_memory_oldest_first_and_namespaces_counts_both_tiers(open_memory):
+    rng = np.random.default_rng(6)
+    memory = open_memory(hot_capacity=3, policy="lru")
+    ids_a = memory.add(["a0", "a1", "a2", "a3"], vectors=unit_rows(rng, 4), namespace="a")
+    time.sleep(0.002)
+    ids_b = memory.add(["b0", "b1"], vectors=unit_rows(rng, 2), namespace="b")
+    everything = list(memory.memories(batch=2))  # batches smaller than the store: order kept across them
+    # One add's memories share their time, so they come by id; the older add's all come first.
+    assert [m.id for m in everything] == sorted(ids_a) + sorted(ids_b)
+    assert {m.id: m.text for m in everything} == {i: t for i, t in zip(list(ids_a) + list(ids_b),
+                                                                         ["a0", "a1", "a2", "a3", "b0", "b1"])}
+    assert [m.id for m in memory.memories("b")] == sorted(ids_b)
+    counts = memory.namespaces()
+    assert {ns: v["memories"] for ns, v in counts.items()} == {"a": 4, "b": 2}
+    assert sum(v["hot"] for v in counts.values()) == 3  # the hot tier's capacity, shared by both
+    assert all(0 <= v["hot"] <= v["memories"] for v in counts.values())

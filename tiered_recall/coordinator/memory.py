@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from . import rules as R
 from . import validate as check
 from .link import HotLink, backend_for, publish_totals, require_cuda
 from .placement import Placement
-from .records import Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, to_datetime
+from .records import Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, memory_of, to_datetime
 from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only
 from .write_lock import StoreWriteLock
 
@@ -270,6 +270,32 @@ class TieredMemory:
         """Memories in the store (of one namespace)."""
         self._check_open()
         return int(self.cold.count(check.optional_namespace(namespace)))
+
+    def namespaces(self) -> dict[str, dict[str, int]]:
+        """Every namespace, by name, with its memories and how many of them the hot tier holds now:
+        {name: {"memories": n, "hot": h}}."""
+        self._check_open()
+        hot = self._link.ensure()
+        out = {}
+        for ns, n in sorted(self.cold.namespace_counts().items()):
+            out[ns] = {"memories": int(n), "hot": int(hot.namespace_rows(namespace_hash(ns))[0]) if hot else 0}
+        return out
+
+    def memories(self, namespace: str | None = None, *, batch: int = 1000) -> Iterator[Memory]:
+        """Every memory (of one namespace), oldest first, ties by id; read from the cold tier in batches (what
+        `tiered-recall export` writes)."""
+        self._check_open()
+        namespace = check.optional_namespace(namespace)
+        batch = check.positive_int(batch, "batch")
+        total = self.cold.count(namespace)
+        if total == 0:
+            return
+        rows = self.cold.recent(total, namespace=namespace)
+        ids = rows["ids"][np.lexsort((rows["ids"], rows["created_at_us"]))]
+        for lo in range(0, ids.shape[0], batch):
+            for row in self.cold.get(ids[lo:lo + batch]):
+                if row is not None:  # deleted by another process meanwhile
+                    yield memory_of(row)
 
     def search(self, query: str | np.ndarray, *, k: int = 10, namespace: str | None = None,
                where: str | None = None, hybrid: bool = False, explain: bool = False) -> list[Hit] | SearchReport:

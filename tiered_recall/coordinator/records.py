@@ -58,10 +58,26 @@ class SearchReport:
     cold_bound: float | None
     seconds: float
 
+    def __iter__(self):
+        """The hits, best first: a report reads like the list search() returns without explain."""
+        return iter(self.hits)
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    def __getitem__(self, index):
+        return self.hits[index]
+
 
 def to_datetime(us: int) -> datetime:
     """A UTC datetime from microseconds since the epoch."""
     return datetime.fromtimestamp(us / 1e6, tz=timezone.utc)
+
+
+def memory_of(row: dict) -> Memory:
+    """A Memory from a cold-tier row (ColdStore.get)."""
+    return Memory(int(row["id"]), row["text"], row["namespace"], row["session"], row["role"],
+                  to_datetime(int(row["created_at_us"])), row["metadata"] or {})
 
 
 def hit_of(memory: Memory, score: float, tier: str) -> Hit:
@@ -147,8 +163,7 @@ class MemoryCache:
             for row in self._cold.get(missing):
                 if row is None:
                     continue
-                memory = Memory(int(row["id"]), row["text"], row["namespace"], row["session"], row["role"],
-                                to_datetime(int(row["created_at_us"])), row["metadata"] or {})
+                memory = memory_of(row)
                 self.remember(memory)
                 found[memory.id] = memory
         return found
