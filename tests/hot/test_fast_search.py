@@ -228,3 +228,38 @@ def test_the_result_is_built_in_place_for_searchresult_and_by_a_call_otherwise(l
     assert made[0] == "made" and len(calls) == 1 and calls[0][0] == 5
     np.testing.assert_array_equal(made[1], first.ids)
     np.testing.assert_array_equal(made[2], first.scores)
+
+
+def test_a_class_with_the_four_slots_is_filled_without_its_init_running(loaded):
+    """The stable ABI hides where a class keeps its slots; FastClient finds them on a probe instance, so a subclass of
+    SearchResult (same slots) is filled in place, and a class keeping the names in a __dict__ is called."""
+    hot, rng, dim = loaded
+    q = unit_rows(rng, 1, dim)[0]
+    expected = hot._fast.search(q, 5, False, False, None)
+
+    class Counted(SearchResult):
+        __slots__ = ()
+        inits = []
+
+        def __init__(self, *fields):
+            Counted.inits.append(fields)
+            super().__init__(*fields)
+
+    class Plain:
+        inits = []
+
+        def __init__(self, ids, scores, hits, service_ns):
+            Plain.inits.append(hits)
+            self.ids, self.scores, self.hits, self.service_ns = ids, scores, hits, service_ns
+
+    for result_type, init_runs in ((Counted, False), (Plain, True)):
+        client = fast_search_module().FastClient(hot._base, hot._pid, hot._timeout_ns, hot._spin_ns, hot._yield_ns,
+                                                 result_type)
+        try:
+            got = client.search(q, 5, False, False, None)
+        finally:
+            assert client.close(5.0)
+        assert type(got) is result_type and len(result_type.inits) == (1 if init_runs else 0)
+        np.testing.assert_array_equal(got.ids, expected.ids)
+        np.testing.assert_array_equal(got.scores, expected.scores)
+        assert got.hits == 5 and type(got.service_ns) is int and got.service_ns > 0
