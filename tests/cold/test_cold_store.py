@@ -153,7 +153,9 @@ def test_single_row_adds_stay_compacted_in_background(tmp_path):
         stats = store.stats()
         assert stats["rows"] == n
         assert stats["maintenance_errors"] == 0, stats["last_maintenance_error"]
-        assert stats["compactions"] >= n // 50 - 1
+        # How many compactions ran depends on how fast each one is (a busy machine merges more writes into one);
+        # what must hold is that the table stays compacted.
+        assert stats["compactions"] >= 1
         assert stats["fragments"] <= 50, stats  # without compaction this would be 500
         assert store.count() == n
         ids, scores = store.search(v[123], k=5)
