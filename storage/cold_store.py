@@ -303,6 +303,15 @@ class ColdStore:
         with self._read_locked(flush=self._searcher.text_table_serves(where)):
             return self._searcher.text_search_locked(text, k, namespace, where, excluded)
 
+    def ids_where(self, where: str, *, namespace: str | None = None) -> np.ndarray:
+        """The ids (int64) of every row (of one namespace) that a LanceDB SQL where filter matches; what a sweep of
+        expired memories reads."""
+        self._life.ensure_open()
+        namespace = check.check_optional_namespace(namespace)
+        where = check.check_where(where)
+        with self._read_locked(flush=True):
+            return self._searcher.matching_ids(namespace, where)
+
     # ---- reads ---------------------------------------------------------------------------------
     def get(self, ids) -> list[dict | None]:
         """Rows for `ids` in the same order (None where absent): id, namespace, session, role, text,

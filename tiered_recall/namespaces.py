@@ -1,7 +1,9 @@
-"""Namespace names to the 64-bit hashes the hot tier filters on (one definition for every process)."""
+"""Namespace names: hierarchical namespaces (tuples of labels) to the stored names, and names to the 64-bit hashes
+the hot tier filters on (one definition for every process)."""
 from __future__ import annotations
 
 import hashlib
+import re
 from functools import lru_cache
 
 from .errors import InvalidInput
@@ -23,6 +25,48 @@ def validate_namespace(namespace: str) -> str:
     if len(namespace.encode("utf-8", "surrogatepass")) > MAX_NAMESPACE_BYTES:
         raise InvalidInput(f"namespace is longer than {MAX_NAMESPACE_BYTES} bytes; use a shorter name")
     return namespace
+
+
+# A tuple of labels is stored as one name, its labels joined by "/" ("users/alice/memories"), so a str namespace
+# with "/" in it is the same namespace as the tuple of its parts. Inside a label, "%" and "/" are written "%25" and
+# "%2F", so any label round-trips.
+LABEL_SEPARATOR = "/"
+_ESCAPED = re.compile("%(25|2F)")
+
+
+def namespace_name(namespace: str | tuple[str, ...] | list[str]) -> str:
+    """The stored name of a namespace: a str as it is, a tuple (or list) of labels joined by "/" with "%" and "/"
+    inside a label escaped; InvalidInput saying why for anything else (an empty tuple, a label that is not a
+    non-empty str, a name too long)."""
+    if isinstance(namespace, (tuple, list)):
+        if not namespace:
+            raise InvalidInput("a namespace tuple needs at least one label, e.g. ('users', 'alice')")
+        for label in namespace:
+            if not isinstance(label, str) or not label:
+                raise InvalidInput(f"every label of a namespace tuple must be a non-empty str, got {label!r} in "
+                                   f"{tuple(namespace)!r}")
+        namespace = LABEL_SEPARATOR.join(_escape(label) for label in namespace)
+    return validate_namespace(namespace)
+
+
+def namespace_labels(name: str) -> tuple[str, ...]:
+    """The labels of a stored name: the inverse of namespace_name for a tuple ("users/alice" -> ("users",
+    "alice")); a name without "/" is a tuple of one label."""
+    return tuple(_unescape(label) for label in name.split(LABEL_SEPARATOR))
+
+
+def under_prefix(name: str, prefix_name: str) -> bool:
+    """True when the stored name is the namespace prefix_name or lies under it (label by label: "users/alice" is
+    under "users", "users2" is not)."""
+    return name == prefix_name or name.startswith(prefix_name + LABEL_SEPARATOR)
+
+
+def _escape(label: str) -> str:
+    return label.replace("%", "%25").replace("/", "%2F")
+
+
+def _unescape(label: str) -> str:
+    return _ESCAPED.sub(lambda m: "%" if m.group(1) == "25" else "/", label)
 
 
 def namespace_hash(namespace: str) -> int:

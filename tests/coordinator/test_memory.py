@@ -297,3 +297,15 @@ def test_memories_lists_every_memory_oldest_first_and_namespaces_counts_both_tie
     assert {ns: v["memories"] for ns, v in counts.items()} == {"a": 4, "b": 2}
     assert sum(v["hot"] for v in counts.values()) == 3  # the hot tier's capacity, shared by both
     assert all(0 <= v["hot"] <= v["memories"] for v in counts.values())
+
+
+def test_vectors_returns_the_stored_unit_vectors_in_the_order_asked(open_memory):
+    rng = np.random.default_rng(7)
+    memory = open_memory()
+    x = rng.standard_normal((3, DIM)).astype(np.float32) * 3.0  # not unit: the store normalises
+    ids = memory.add(["v0", "v1", "v2"], vectors=x, namespace="v")
+    got = memory.vectors([ids[2], 12345, ids[0]])
+    assert got[1] is None
+    np.testing.assert_allclose(got[0], x[2] / np.linalg.norm(x[2]), atol=1e-6)
+    np.testing.assert_allclose(got[2], x[0] / np.linalg.norm(x[0]), atol=1e-6)
+    assert memory.vectors([]) == []

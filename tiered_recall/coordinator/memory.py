@@ -15,14 +15,15 @@ import numpy as np
 
 from ..embedders import Embedder, resolve_embedder
 from ..errors import InvalidInput, ReadOnlyStore, SidecarUnavailable, TieredRecallError
-from ..namespaces import namespace_hash, validate_namespace
+from ..namespaces import namespace_hash, namespace_labels, under_prefix
 from ..policies import Policy, resolve_policy
 from ..scoring import Scoring
 from . import rules as R
 from . import validate as check
 from .link import HotLink, backend_for, publish_totals, require_cuda
 from .placement import Placement
-from .records import Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, memory_of, to_datetime
+from .expiry import DEFAULT_SWEEP_S, HAS_EXPIRY_SQL, ExpirySweeper
+from .records import EXPIRES_KEY, TTL_KEY, Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, make_memory, memory_of
 from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only
 from .write_lock import StoreWriteLock
 
@@ -31,6 +32,9 @@ ORPHAN_GRACE_S = 10.0
 _ROW_OVERHEAD_BYTES = 24  # id, namespace hash, created_at per hot row
 # How messages name the options of TieredMemory(...); the CLI passes its own flags.
 API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_only": "read_only"}
+# A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
+# answers; over more it is one cold-tier search filtered to the namespaces (docs/namespaces.md says why).
+PREFIX_FANOUT_MAX = 8
 
 
 @dataclass
@@ -43,6 +47,32 @@ class _HotAnswer:
     trusted: bool
     hot_kth: float | None = None
     cold_bound: float | None = None
+
+
+@dataclass
+class _Answer:
+    """One search's ranked hits and how they were decided (what a SearchReport reports)."""
+
+    hits: list
+    rule: str
+    path: str
+    hot_kth: float | None
+    cold_bound: float | None
+
+
+def _sql_string(value: str) -> str:
+    """value as a SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _labels_match(labels: tuple[str, ...], pattern: tuple[str, ...] | None, *, from_end: bool) -> bool:
+    """Whether a namespace's labels start (or, from_end, end) with pattern, "*" matching any one label."""
+    if pattern is None:
+        return True
+    if len(labels) < len(pattern):
+        return False
+    own = labels[-len(pattern):] if from_end else labels[:len(pattern)]
+    return all(p == "*" or p == label for p, label in zip(pattern, own))
 
 
 class TieredMemory:
@@ -68,7 +98,8 @@ class TieredMemory:
     with a log line, when the folder cannot be written.
     rules: the skip rules tried in order ("complete", "bound"; both exact); confidence: a float enables rule 3
     ("threshold"; approximate) on the hot k-th score. scoring: a tiered_recall.scoring.Scoring (recency weighting,
-    metadata boosts) for the merged candidates.
+    metadata boosts) for the merged candidates. ttl_sweep_s: how often expired memories (add(..., ttl=...)) are
+    deleted in the background; a search never returns one whatever the sweep has done.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, dim: int | None = None,
@@ -77,7 +108,7 @@ class TieredMemory:
                  policy: str | Policy | None = "lru", hot_capacity_bytes: int | None = None,
                  rules: Sequence[str] = ("complete", "bound"), confidence: float | None = None,
                  scoring: Scoring | None = None, read_only: bool | None = None,
-                 option_names: dict[str, str] | None = None) -> None:
+                 ttl_sweep_s: float = DEFAULT_SWEEP_S, option_names: dict[str, str] | None = None) -> None:
         from ..storage import ColdStore  # lancedb is imported here, not at package import
 
         self._option_names = {**API_OPTION_NAMES, **(option_names or {})}
@@ -90,6 +121,7 @@ class TieredMemory:
                                f"folder can be written), got {read_only!r}")
         timeout_s, orphan_grace_s = check.seconds(timeout_s, "timeout_s"), check.seconds(orphan_grace_s,
                                                                                         "orphan_grace_s")
+        ttl_sweep_s = check.seconds(ttl_sweep_s, "ttl_sweep_s")
         self.rules, self.confidence = check.rules_and_confidence(rules, confidence)
         if scoring is not None and not isinstance(scoring, Scoring):
             raise InvalidInput("scoring must be a tiered_recall.scoring.Scoring or None")
@@ -125,6 +157,9 @@ class TieredMemory:
         self._stats, self._rule_stats = PathStats(), PathStats()
         self._closed = False
         self._attach_at_open(device)
+        self._expiry = ExpirySweeper(self._sweep_expired, ttl_sweep_s)
+        if not self.read_only:
+            self._expiry.start()
 
     def _attach_at_open(self, device: str) -> None:
         """The hot tier at open: an error where it was asked for by name and its sidecar fails to start, else a
@@ -160,16 +195,19 @@ class TieredMemory:
     def add(self, texts: str | Sequence[str] | None = None, *, vectors: Any = None, namespace: str = "default",
             ids: Sequence[int] | None = None, session: str | Sequence[str | None] | None = None,
             role: str | Sequence[str | None] | None = None, metadata: dict | Sequence[dict | None] | None = None,
-            created_at: Any = None) -> list[int]:
+            created_at: Any = None, ttl: float | None = None) -> list[int]:
         """Stores memories; durable in the cold tier when it returns, then inserted into the hot tier.
 
         texts: one string or a list (stored, and embedded unless vectors are given). vectors: (n, dim) or (dim,)
-        floats, normalised here. ids: your own int ids (an existing id is replaced: an upsert), else new ones.
-        session / role / metadata / created_at: one for all or one per memory. Returns the ids. Nothing is written
-        when any input is invalid.
+        floats, normalised here. namespace: a name, or a tuple of labels ("users", "alice"): a hierarchical
+        namespace that search(namespace_prefix=...) and list_namespaces see by its labels. ids: your own int ids
+        (an existing id is replaced: an upsert), else new ones. session / role / metadata / created_at: one for
+        all or one per memory. ttl: seconds until the memories expire (never returned after, deleted by the
+        sweep), None for never. Returns the ids. Nothing is written when any input is invalid.
         """
         self._check_open()
-        validate_namespace(namespace)
+        namespace = check.namespace(namespace)
+        ttl = check.ttl(ttl)
         text_list, n, has_texts = check.texts(texts, vectors)
         if n == 0:
             raise InvalidInput("nothing to add: texts / vectors is empty")
@@ -183,15 +221,22 @@ class TieredMemory:
         sessions = check.per_row(session, n, "session", kind=str)
         roles = check.per_row(role, n, "role", kind=str)
         metas = check.metadata(metadata, n)
+        for meta in metas:
+            if meta and (EXPIRES_KEY in meta or TTL_KEY in meta):
+                raise InvalidInput(f"metadata keys {EXPIRES_KEY!r} and {TTL_KEY!r} hold a memory's expiry: use "
+                                   "add(..., ttl=seconds) and another key for your own data")
         created = check.timestamps_us(created_at, n)
+        if ttl is not None:
+            expires_us = time.time_ns() // 1000 + int(ttl * 1e6)
+            metas = [{**(meta or {}), EXPIRES_KEY: expires_us, TTL_KEY: ttl} for meta in metas]
         self._check_writable()
         with self._lock, self._write_lock.held():
             bump = self.cold.add(ids=id_arr, vectors=vecs, namespaces=[namespace] * n, texts=text_list,
                                  sessions=sessions, roles=roles, created_at_us=created, metadata=metas)
             self._placement.tick += 1
             for i in range(n):
-                self._cache.remember(Memory(int(id_arr[i]), text_list[i], namespace, sessions[i], roles[i],
-                                            to_datetime(int(created[i])), metas[i] or {}))
+                self._cache.remember(make_memory(int(id_arr[i]), text_list[i], namespace, sessions[i], roles[i],
+                                                 int(created[i]), metas[i] or {}))
             # the namespace written into, and those an upsert moved rows out of
             touched = {namespace} | set(bump.namespaces or ()) if bump is not None else {namespace}
             totals = {ns: self.cold.count(ns) for ns in touched}
@@ -242,7 +287,7 @@ class TieredMemory:
         """Pins a namespace and/or ids: loaded into the hot tier now and never evicted by the policy."""
         self._check_open()
         if namespace is not None:
-            validate_namespace(namespace)
+            namespace = check.namespace(namespace)
             self.policy.pinned_namespaces.add(namespace)
         if ids is not None:
             self.policy.pinned_ids.update(int(i) for i in check.ids(ids))
@@ -253,20 +298,41 @@ class TieredMemory:
         """Lets the policy evict these again."""
         self._check_open()
         if namespace is not None:
-            self.policy.pinned_namespaces.discard(namespace)
+            self.policy.pinned_namespaces.discard(check.namespace(namespace))
         if ids is not None:
             for i in check.ids(ids):
                 self.policy.pinned_ids.discard(int(i))
 
     # ---- reads -------------------------------------------------------------------------------
-    def get(self, ids: Sequence[int] | int) -> list[Memory | None]:
-        """Memories by id, in the order asked (None where absent)."""
+    def get(self, ids: Sequence[int] | int, *, refresh_ttl: bool = False) -> list[Memory | None]:
+        """Memories by id, in the order asked (None where absent or expired). refresh_ttl=True starts the time to
+        live of each memory returned that has one again from now (a write)."""
         self._check_open()
         id_list = [int(i) for i in check.ids(ids)]
         found = self._cache.lookup(id_list)
+        now_us = time.time_ns() // 1000
+        expired = [i for i, m in found.items() if m.expired(now_us)]
+        if expired:
+            self._expiry.found(expired)
+            for i in expired:
+                del found[i]
+        if refresh_ttl:
+            found.update(self._refreshed([m for m in found.values() if m.ttl_s is not None]))
         return [found.get(i) for i in id_list]
 
-    def count(self, namespace: str | None = None) -> int:
+    def vectors(self, ids: Sequence[int] | int) -> list[np.ndarray | None]:
+        """The stored (unit-length, float32) vectors of memories by id, in the order asked (None where absent): what
+        a caller re-ranking hits needs, e.g. maximal marginal relevance."""
+        self._check_open()
+        id_arr = check.ids(ids)
+        if id_arr.size == 0:
+            return []
+        with self._lock:
+            rows = self.cold.vectors_of(id_arr)
+        by_id = {int(i): rows["vectors"][j].copy() for j, i in enumerate(rows["ids"])}
+        return [by_id.get(int(i)) for i in id_arr]
+
+    def count(self, namespace: str | tuple[str, ...] | None = None) -> int:
         """Memories in the store (of one namespace)."""
         self._check_open()
         return int(self.cold.count(check.optional_namespace(namespace)))
@@ -281,9 +347,25 @@ class TieredMemory:
             out[ns] = {"memories": int(n), "hot": int(hot.namespace_rows(namespace_hash(ns))[0]) if hot else 0}
         return out
 
-    def memories(self, namespace: str | None = None, *, batch: int = 1000) -> Iterator[Memory]:
-        """Every memory (of one namespace), oldest first, ties by id; read from the cold tier in batches (what
-        `tiered-recall export` writes)."""
+    def list_namespaces(self, *, prefix: Sequence[str] | None = None, suffix: Sequence[str] | None = None,
+                        max_depth: int | None = None, limit: int = 100, offset: int = 0) -> list[tuple[str, ...]]:
+        """The namespaces holding memories, as tuples of labels, sorted; prefix / suffix: only those whose first /
+        last labels are these ("*" matches any label); max_depth: each cut to its first max_depth labels (the cut
+        ones listed once); then offset and limit."""
+        self._check_open()
+        prefix = check.labels_pattern(prefix, "prefix")
+        suffix = check.labels_pattern(suffix, "suffix")
+        max_depth = check.positive_int(max_depth, "max_depth", optional=True)
+        limit = check.positive_int(limit, "limit")
+        offset = check.non_negative_int(offset, "offset")
+        found = [namespace_labels(name) for name in self.cold.namespace_counts()]
+        found = [ns for ns in found if _labels_match(ns, prefix, from_end=False) and _labels_match(ns, suffix, from_end=True)]
+        listed = sorted({ns[:max_depth] for ns in found} if max_depth is not None else set(found))
+        return listed[offset:offset + limit]
+
+    def memories(self, namespace: str | tuple[str, ...] | None = None, *, batch: int = 1000) -> Iterator[Memory]:
+        """Every memory (of one namespace) that has not expired, oldest first, ties by id; read from the cold tier
+        in batches (what `tiered-recall export` writes)."""
         self._check_open()
         namespace = check.optional_namespace(namespace)
         batch = check.positive_int(batch, "batch")
@@ -293,34 +375,99 @@ class TieredMemory:
         rows = self.cold.recent(total, namespace=namespace)
         ids = rows["ids"][np.lexsort((rows["ids"], rows["created_at_us"]))]
         for lo in range(0, ids.shape[0], batch):
+            now_us = time.time_ns() // 1000
             for row in self.cold.get(ids[lo:lo + batch]):
                 if row is not None:  # deleted by another process meanwhile
-                    yield memory_of(row)
+                    memory = memory_of(row)
+                    if not memory.expired(now_us):
+                        yield memory
 
-    def search(self, query: str | np.ndarray, *, k: int = 10, namespace: str | None = None,
-               where: str | None = None, hybrid: bool = False, explain: bool = False) -> list[Hit] | SearchReport:
+    def search(self, query: str | np.ndarray, *, k: int = 10, namespace: str | tuple[str, ...] | None = None,
+               namespace_prefix: str | Sequence[str] | None = None, where: str | None = None,
+               hybrid: bool = False, explain: bool = False, refresh_ttl: bool = False) -> list[Hit] | SearchReport:
         """The k best memories by cosine similarity (plus the store's Scoring, if any), best first (ties by id);
-        each says its tier.
+        each says its tier. Expired memories are never returned.
 
-        query: text (embedded) or a (dim,) vector. namespace: only this namespace. where: a SQL filter over
-        session / role / created_at / metadata, evaluated by the cold tier. The cold tier is skipped by the store's
-        rules, in order: "complete" (the hot tier holds every memory of the namespace), "bound" (no cold-only row
-        can reach the top k), and "threshold" (hot k-th score >= confidence; approximate). explain=True returns a
-        SearchReport (hits, the rule that decided, scores behind it) instead of the hits. hybrid=True (text queries
-        only): BM25 over the memory texts fused with the vector ranking (reciprocal-rank fusion) by the cold tier,
-        which holds the text index; hits come in fused order with their cosine scores, tier "cold", rule "hybrid";
-        the store's Scoring is not applied.
+        query: text (embedded) or a (dim,) vector. namespace: only this namespace (a name or a tuple of labels).
+        namespace_prefix: every namespace under these labels (("users",) takes ("users", "alice") and ("users",
+        "bob", "notes")), exact through both tiers. where: a SQL filter over session / role / created_at /
+        metadata, evaluated by the cold tier. The cold tier is skipped by the store's rules, in order: "complete"
+        (the hot tier holds every memory of the namespace), "bound" (no cold-only row can reach the top k), and
+        "threshold" (hot k-th score >= confidence; approximate). explain=True returns a SearchReport (hits, the
+        rule that decided, scores behind it) instead of the hits. hybrid=True (text queries only): BM25 over the
+        memory texts fused with the vector ranking (reciprocal-rank fusion) by the cold tier, which holds the text
+        index; hits come in fused order with their cosine scores, tier "cold", rule "hybrid"; the store's Scoring
+        is not applied. refresh_ttl=True starts the time to live of every hit that has one again from now.
         """
         self._check_open()
         if hybrid and not isinstance(query, str):
             raise InvalidInput("hybrid=True needs a text query (BM25 ranks texts): pass the query text")
         k = check.k(k)
+        if namespace is not None and namespace_prefix is not None:
+            raise InvalidInput("pass namespace=... (one namespace) or namespace_prefix=... (every namespace under "
+                               "it), not both")
         namespace = check.optional_namespace(namespace)
+        prefix = check.optional_namespace(namespace_prefix)
         where = check.where(where)
         t0 = time.perf_counter()
         q = self._query_vector(query)
-        if hybrid:
-            return self._search_hybrid(q, query, k, namespace, where, explain, t0)
+        text = query if hybrid else None
+        fetch = k
+        while True:
+            answer = self._search_scope(q, text, fetch, namespace, prefix, where)
+            now_us = time.time_ns() // 1000
+            expired = [h.id for h in answer.hits if h.expires_at is not None and
+                       h.expires_at.timestamp() * 1e6 <= now_us]
+            if not expired:
+                break
+            self._expiry.found(expired)
+            if len(answer.hits) < fetch:  # every live memory of the scope is in this answer
+                break
+            if fetch >= check.MAX_K:  # as deep as a search goes: delete them now, then search again
+                if self.read_only:
+                    break
+                self._expiry.run_once()
+                fetch = k
+                continue
+            fetch = min(check.MAX_K, max(2 * fetch, k + 2 * len(expired)))
+        live = {h.id for h in answer.hits} - set(expired)
+        hits = [h for h in answer.hits if h.id in live][:k]
+        if refresh_ttl and any(h.ttl_s is not None for h in hits):
+            refreshed = self._refreshed([m for m in self.get([h.id for h in hits if h.ttl_s is not None])
+                                         if m is not None])
+            hits = [hit_of(refreshed[h.id], h.score, h.tier) if h.id in refreshed else h for h in hits]
+        seconds = time.perf_counter() - t0
+        self._stats.record(answer.path, seconds)
+        self._rule_stats.record(answer.rule, seconds)
+        if explain:
+            return SearchReport(hits, answer.rule, answer.path, answer.hot_kth, answer.cold_bound, seconds)
+        return hits
+
+    def _search_scope(self, q: np.ndarray, text: str | None, k: int, namespace: str | None, prefix: str | None,
+                      where: str | None) -> "_Answer":
+        """One search of a namespace, of every namespace under a prefix, or of the whole store."""
+        if prefix is None:
+            return self._search_hybrid(q, text, k, namespace, where) if text is not None else \
+                self._search_one(q, k, namespace, where)
+        names = sorted(n for n in self.cold.namespace_counts() if under_prefix(n, prefix))
+        if not names:
+            return _Answer([], "cold", "cold", None, None)
+        if text is None and where is None and len(names) <= PREFIX_FANOUT_MAX:
+            # Each namespace's answer is exact, so the best k of their union are the scope's best k.
+            answers = [self._search_one(q, k, name, None) for name in names]
+            merged = sorted((h for a in answers for h in a.hits), key=lambda h: (-h.score, h.id))[:k]
+            rules = {a.rule for a in answers}
+            paths = {a.path for a in answers}
+            return _Answer(merged, rules.pop() if len(rules) == 1 else "prefix",
+                           paths.pop() if len(paths) == 1 else "hot+cold", None, None)
+        listed = "namespace IN (" + ", ".join(_sql_string(n) for n in names) + ")"
+        scoped = listed if where is None else f"({where}) AND {listed}"
+        return self._search_hybrid(q, text, k, None, scoped) if text is not None else \
+            self._search_one(q, k, None, scoped)
+
+    def _search_one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None) -> "_Answer":
+        """The tiered search of one scope (a namespace, or all): the hot tier, the skip rules, the cold tier when
+        no rule proves the hot answer exact, the merge and the ranking."""
         scoring = self.scoring
         fetch = k if scoring is None else min(check.MAX_K, k * scoring.candidates)
         now_us = time.time_ns() // 1000
@@ -344,10 +491,7 @@ class TieredMemory:
             if path == "hot+cold" and hot is not None:
                 self._after_cold_path(hot, namespace, ranked, answer.trusted)
         hits = [hit_of(m, score, tier) for score, i, tier in ranked if (m := found.get(i)) is not None]
-        seconds = time.perf_counter() - t0
-        self._stats.record(path, seconds)
-        self._rule_stats.record(answer.rule, seconds)
-        return SearchReport(hits, answer.rule, path, answer.hot_kth, answer.cold_bound, seconds) if explain else hits
+        return _Answer(hits, answer.rule, path, answer.hot_kth, answer.cold_bound)
 
     def _query_vector(self, query: Any) -> np.ndarray:
         if isinstance(query, str):
@@ -355,16 +499,52 @@ class TieredMemory:
             return check.embedded_rows(self.embedder([text]), 1, self.dim)[0]
         return check.unit_query(query, self.dim)
 
-    def _search_hybrid(self, q: np.ndarray, text: str, k: int, namespace: str | None, where: str | None,
-                       explain: bool, t0: float) -> list[Hit] | SearchReport:
+    def _search_hybrid(self, q: np.ndarray, text: str, k: int, namespace: str | None,
+                       where: str | None) -> "_Answer":
         with self._lock:
             ids, scores = self.cold.search(q, k=k, namespace=namespace, where=where, text=text)
             found = self._cache.lookup(int(i) for i in ids)
         hits = [hit_of(m, float(sc), "cold") for i, sc in zip(ids, scores) if (m := found.get(int(i))) is not None]
-        seconds = time.perf_counter() - t0
-        self._stats.record("cold", seconds)
-        self._rule_stats.record("hybrid", seconds)
-        return SearchReport(hits, "hybrid", "cold", None, None, seconds) if explain else hits
+        return _Answer(hits, "hybrid", "cold", None, None)
+
+    # ---- expiry --------------------------------------------------------------------------------
+    def _refreshed(self, memories: list[Memory]) -> dict[int, Memory]:
+        """Each memory written again as it is, its time to live started again from now; {id: the new Memory}."""
+        if not memories:
+            return {}
+        self._check_writable()
+        out: dict[int, Memory] = {}
+        groups: dict[tuple[str, float], list[Memory]] = {}
+        for m in memories:
+            groups.setdefault((m.namespace, float(m.ttl_s)), []).append(m)
+        for (namespace, ttl), group in groups.items():
+            vectors = self.vectors([m.id for m in group])
+            kept = [(m, v) for m, v in zip(group, vectors) if v is not None]  # deleted meanwhile: nothing to refresh
+            if not kept:
+                continue
+            self.add([m.text for m, _ in kept], vectors=np.stack([v for _, v in kept]), namespace=namespace,
+                     ids=[m.id for m, _ in kept], session=[m.session for m, _ in kept],
+                     role=[m.role for m, _ in kept], metadata=[m.metadata for m, _ in kept],
+                     created_at=[m.created_at for m, _ in kept], ttl=ttl)
+            out.update(self._cache.lookup([m.id for m, _ in kept]))
+        return out
+
+    def _sweep_expired(self, candidates: set[int]) -> int:
+        """Deletes the expired memories among candidates and among every memory with a time to live; each is read
+        again under the store's write lock first, so one that another process has just refreshed is kept."""
+        if self._closed or self.read_only:
+            return 0
+        ids = set(candidates) | {int(i) for i in self.cold.ids_where(HAS_EXPIRY_SQL)}
+        if not ids:
+            return 0
+        with self._lock, self._write_lock.held():
+            now_us = time.time_ns() // 1000
+            rows = self.cold.get(np.fromiter(ids, dtype=np.int64, count=len(ids)))
+            expired = [int(r["id"]) for r in rows if r is not None and memory_of(r).expired(now_us)]
+            if not expired:
+                return 0
+            self._cache.drop(expired)
+            return self.delete(expired)
 
     def _hot_answer(self, hot, q: np.ndarray, k: int, fetch: int, namespace: str | None, now_us: int) -> _HotAnswer:
         """The hot tier's candidates and the rule they answer by. The certificate is read before the hot answer and
@@ -468,6 +648,7 @@ class TieredMemory:
             "latency": paths,
             "rules": self._rule_stats.summary(),
             "rows_moved": dict(self._moves),
+            "expiry": self._expiry.stats(),
             "cached_memories": len(self._cache),  # texts and metadata of rows searches returned
             "policy": self.policy.describe(),
             "bounds": self._placement.bounds.stats(),
@@ -482,6 +663,7 @@ class TieredMemory:
         """Detaches from the sidecar (it exits by itself once no process uses it) and closes the cold tier."""
         if self._closed:
             return
+        self._expiry.stop()
         with self._lock:
             self._link.close()
         self._closed = True

@@ -11,9 +11,15 @@ import numpy as np
 METADATA_CACHE_ROWS = 200_000
 
 
+# Where a memory's expiry is kept: two keys of its stored metadata, which Memory and Hit hand back as expires_at and
+# ttl_s, not as metadata.
+EXPIRES_KEY = "_tr_expires_at_us"
+TTL_KEY = "_tr_ttl_s"
+
+
 @dataclass(frozen=True)
 class Memory:
-    """One stored memory as `get` returns it."""
+    """One stored memory as `get` returns it; expires_at and ttl_s are None for a memory that never expires."""
 
     id: int
     text: str
@@ -22,6 +28,19 @@ class Memory:
     role: str | None
     created_at: datetime
     metadata: dict = field(default_factory=dict)
+    expires_at: datetime | None = None
+    ttl_s: float | None = None
+
+    def expired(self, now_us: int) -> bool:
+        """True when the memory's time to live has run out at now_us (microseconds since the epoch)."""
+        return self.expires_at is not None and self.expires_at.timestamp() * 1e6 <= now_us
+
+    @property
+    def stored_metadata(self) -> dict:
+        """The metadata as the cold tier stores it: the user's, plus the expiry keys."""
+        if self.expires_at is None:
+            return dict(self.metadata)
+        return {**self.metadata, EXPIRES_KEY: int(round(self.expires_at.timestamp() * 1e6)), TTL_KEY: self.ttl_s}
 
 
 @dataclass(frozen=True)
@@ -37,6 +56,8 @@ class Hit:
     role: str | None
     created_at: datetime
     metadata: dict = field(default_factory=dict)
+    expires_at: datetime | None = None
+    ttl_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -76,14 +97,24 @@ def to_datetime(us: int) -> datetime:
 
 def memory_of(row: dict) -> Memory:
     """A Memory from a cold-tier row (ColdStore.get)."""
-    return Memory(int(row["id"]), row["text"], row["namespace"], row["session"], row["role"],
-                  to_datetime(int(row["created_at_us"])), row["metadata"] or {})
+    return make_memory(int(row["id"]), row["text"], row["namespace"], row["session"], row["role"],
+                       int(row["created_at_us"]), row["metadata"] or {})
+
+
+def make_memory(memory_id: int, text: str, namespace: str, session: str | None, role: str | None,
+                created_at_us: int, stored_metadata: dict) -> Memory:
+    """A Memory from its stored fields, the expiry keys taken out of the metadata."""
+    if EXPIRES_KEY not in stored_metadata:
+        return Memory(memory_id, text, namespace, session, role, to_datetime(created_at_us), stored_metadata)
+    metadata = {k: v for k, v in stored_metadata.items() if k not in (EXPIRES_KEY, TTL_KEY)}
+    return Memory(memory_id, text, namespace, session, role, to_datetime(created_at_us), metadata,
+                  to_datetime(int(stored_metadata[EXPIRES_KEY])), stored_metadata.get(TTL_KEY))
 
 
 def hit_of(memory: Memory, score: float, tier: str) -> Hit:
     """The Hit of a memory with its score and the tier ("hot" or "cold") that served it."""
     return Hit(memory.id, memory.text, score, tier, memory.namespace, memory.session, memory.role, memory.created_at,
-               memory.metadata)
+               memory.metadata, memory.expires_at, memory.ttl_s)
 
 
 class PathStats:

@@ -4,6 +4,7 @@ sidecar checks again what a client writes into shared memory, since it is a proc
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import datetime, timezone
 from typing import Any, Sequence
@@ -11,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InvalidInput
-from ..namespaces import validate_namespace
+from ..namespaces import namespace_name
 
 MAX_DIM = 8192  # the sidecar's limit (layout.h TR_MAX_DIM)
 MAX_K = 256
@@ -22,6 +23,24 @@ EXACT_RULES = ("complete", "bound")
 
 def _is_int(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def non_negative_int(value: Any, what: str) -> int:
+    """An int >= 0 -> int."""
+    if not _is_int(value) or value < 0:
+        raise InvalidInput(f"{what} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+def labels_pattern(value: Any, what: str) -> tuple[str, ...] | None:
+    """None or a tuple of namespace labels, "*" standing for any one label (list_namespaces' prefix / suffix)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not value or not all(isinstance(v, str) and v for v in value):
+        raise InvalidInput(f"{what} must be a tuple of non-empty labels, e.g. ('users', '*'), got {value!r}")
+    return tuple(value)
 
 
 def positive_int(value: Any, what: str, *, optional: bool = False) -> int | None:
@@ -171,9 +190,23 @@ def k(value: Any) -> int:
     return int(value)
 
 
-def optional_namespace(namespace: str | None) -> str | None:
-    """None (every namespace) or a valid namespace name."""
-    return None if namespace is None else validate_namespace(namespace)
+def namespace(value: Any) -> str:
+    """The stored name of a namespace given as a str or a tuple of labels (namespaces.namespace_name)."""
+    return namespace_name(value)
+
+
+def optional_namespace(value: Any) -> str | None:
+    """None (every namespace) or the stored name of a namespace given as a str or a tuple of labels."""
+    return None if value is None else namespace_name(value)
+
+
+def ttl(value: Any) -> float | None:
+    """None (never expires) or a time to live in seconds, a finite number > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidInput(f"ttl must be a number of seconds > 0 (or None: never expires), got {value!r}")
+    return float(value)
 
 
 def where(value: Any) -> str | None:
@@ -225,7 +258,7 @@ def timestamps_us(created_at: Any, n: int) -> np.ndarray:
         elif isinstance(value, datetime):
             if value.tzinfo is None:
                 value = value.replace(tzinfo=timezone.utc)
-            out[i] = int(value.timestamp() * 1e6)
+            out[i] = round(value.timestamp() * 1e6)  # a datetime holds whole microseconds: keep them exact
         elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
             if not np.isfinite(value):
                 raise InvalidInput(f"created_at[{i}] is not finite: pass a datetime or epoch seconds")

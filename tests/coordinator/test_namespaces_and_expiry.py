@@ -1,0 +1,136 @@
+"""Hierarchical namespaces (tuples of labels, prefix search exact through both tiers, list_namespaces) and expiry
+(a memory past its time to live is never returned, whatever tier serves, and the sweep deletes it)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tiered_recall import InvalidInput
+from tiered_recall.namespaces import namespace_labels, namespace_name
+
+pytestmark = pytest.mark.lancedb
+DIM = 16
+
+
+def unit_rows(rng, n):
+    x = rng.standard_normal((n, DIM)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def exact_ids(rows: dict[int, tuple[tuple[str, ...], np.ndarray]], q, k, under):
+    ids = [i for i, (ns, _) in rows.items() if ns[:len(under)] == under]
+    scores = np.array([rows[i][1] @ q for i in ids], dtype=np.float64)
+    order = np.lexsort((np.array(ids), -scores))[:k]
+    return [ids[j] for j in order], scores[order]
+
+
+def test_a_tuple_namespace_is_stored_by_its_labels_and_a_slashed_name_is_the_same_namespace(open_memory):
+    memory = open_memory()
+    rng = np.random.default_rng(1)
+    x = unit_rows(rng, 3)
+    memory.add(["a", "b"], vectors=x[:2], namespace=("users", "alice"))
+    memory.add(["c"], vectors=x[2:], namespace="users/alice")
+    assert memory.count(("users", "alice")) == 3 == memory.count("users/alice")
+    assert {h.text for h in memory.search(x[0], k=5, namespace=("users", "alice"))} == {"a", "b", "c"}
+    for labels in [("a/b", "50%"), ("%2F",), ("x", "y", "z")]:
+        assert namespace_labels(namespace_name(labels)) == labels
+    with pytest.raises(InvalidInput, match="non-empty str"):
+        memory.add("x", vectors=x[0], namespace=("users", ""))
+    with pytest.raises(InvalidInput, match="at least one label"):
+        memory.add("x", vectors=x[0], namespace=())
+    with pytest.raises(InvalidInput, match="not both"):
+        memory.search(x[0], namespace="a", namespace_prefix=("a",))
+
+
+@pytest.mark.parametrize("namespaces", [4, 20], ids=["fan-out", "one-filtered-search"])
+def test_prefix_search_is_exact_through_both_tiers(open_memory, namespaces):
+    memory = open_memory(hot_capacity=60)  # fewer rows than the store: some namespaces are cold-only or partial
+    rng = np.random.default_rng(namespaces)
+    rows: dict[int, tuple[tuple[str, ...], np.ndarray]] = {}
+    for n in range(namespaces):
+        ns = ("users", f"u{n}") if n % 3 else ("users", f"u{n}", "notes")
+        x = unit_rows(rng, 8)
+        for i, memory_id in enumerate(memory.add([f"{ns}-{i}" for i in range(8)], vectors=x, namespace=ns)):
+            rows[memory_id] = (ns, x[i])
+    other = unit_rows(rng, 8)
+    for i, memory_id in enumerate(memory.add([f"other-{i}" for i in range(8)], vectors=other, namespace="usersX")):
+        rows[memory_id] = (("usersX",), other[i])  # shares the prefix's characters, not its first label
+    for trial in range(12):
+        q = unit_rows(rng, 1)[0]
+        for under in [("users",), ("users", "u1"), ("users", "u3", "notes")]:
+            want, want_scores = exact_ids(rows, q, 7, under)
+            hits = memory.search(q, k=7, namespace_prefix=under)
+            np.testing.assert_allclose([h.score for h in hits], want_scores, atol=1e-5)
+            clearly = {i for i, s in zip(want, want_scores) if s > want_scores[-1] + 1e-5}
+            assert clearly <= {h.id for h in hits}
+            assert all(namespace_labels(h.namespace)[:len(under)] == under for h in hits)
+    assert memory.search(other[0], k=3, namespace_prefix=("nobody",)) == []
+
+
+def test_list_namespaces_by_prefix_suffix_depth_and_page(open_memory):
+    memory = open_memory()
+    x = unit_rows(np.random.default_rng(2), 1)[0]
+    for ns in [("users", "alice", "memories"), ("users", "bob", "memories"), ("users", "bob", "prefs"),
+               ("teams", "red"), "plain"]:
+        memory.add("m", vectors=x, namespace=ns)
+    assert memory.list_namespaces() == [("plain",), ("teams", "red"), ("users", "alice", "memories"),
+                                        ("users", "bob", "memories"), ("users", "bob", "prefs")]
+    assert memory.list_namespaces(prefix=("users",), max_depth=2) == [("users", "alice"), ("users", "bob")]
+    assert memory.list_namespaces(suffix=("memories",)) == [("users", "alice", "memories"),
+                                                            ("users", "bob", "memories")]
+    assert memory.list_namespaces(prefix=("users", "*", "prefs")) == [("users", "bob", "prefs")]
+    assert memory.list_namespaces(limit=2, offset=1) == [("teams", "red"), ("users", "alice", "memories")]
+    with pytest.raises(InvalidInput, match="offset"):
+        memory.list_namespaces(offset=-1)
+
+
+@pytest.mark.parametrize("device", ["cpu", "none"])
+def test_an_expired_memory_is_never_returned_and_the_search_stays_exact(open_memory, device):
+    memory = open_memory(device=device, ttl_sweep_s=3600.0)  # no timed sweep: the search alone must hold
+    rng = np.random.default_rng(3)
+    q = unit_rows(rng, 1)[0]
+    near = q + 0.05 * unit_rows(rng, 6)  # the best matches, all expiring
+    near /= np.linalg.norm(near, axis=1, keepdims=True)
+    live = unit_rows(rng, 10)
+    doomed = memory.add([f"soon-{i}" for i in range(6)], vectors=near, namespace="n", ttl=0.5)
+    kept = memory.add([f"kept-{i}" for i in range(10)], vectors=live, namespace="n")
+    assert {h.id for h in memory.search(q, k=6, namespace="n")} == set(doomed)
+    assert memory.get(doomed[:1])[0].expires_at is not None
+    time.sleep(0.7)
+    hits = memory.search(q, k=4, namespace="n", explain=True)
+    scores = live @ q
+    order = np.lexsort((np.array(kept), -scores))[:4]
+    assert [h.id for h in hits] == [kept[j] for j in order], hits.rule
+    assert memory.get(doomed) == [None] * 6
+    assert all(not m.text.startswith("soon") for m in memory.memories("n"))
+    # The search that stepped over them woke the sweep (its interval is an hour): they go soon.
+    deadline = time.monotonic() + 10.0
+    while memory.count("n") > 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert memory.count("n") == 10
+    assert memory.stats()["expiry"]["deleted"] == 6
+
+
+def test_the_sweep_deletes_in_the_background_and_refresh_keeps_a_memory(open_memory):
+    memory = open_memory(ttl_sweep_s=0.2)
+    x = unit_rows(np.random.default_rng(4), 3)
+    short = memory.add(["short"], vectors=x[0:1], namespace="n", ttl=0.6)[0]
+    refreshed = memory.add(["refreshed"], vectors=x[1:2], namespace="n", ttl=0.6)[0]
+    forever = memory.add(["forever"], vectors=x[2:3], namespace="n")[0]
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and memory.get([short])[0] is not None:
+        memory.get([refreshed], refresh_ttl=True)  # read, and its time to live starts again
+        time.sleep(0.1)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and memory.count("n") > 2:
+        memory.get([refreshed], refresh_ttl=True)
+        time.sleep(0.1)
+    assert memory.count("n") == 2, memory.stats()["expiry"]
+    assert [m.text for m in memory.get([refreshed, forever])] == ["refreshed", "forever"]
+    assert memory.stats()["expiry"]["deleted"] >= 1
+    with pytest.raises(InvalidInput, match="ttl"):
+        memory.add("x", vectors=x[0], namespace="n", ttl=0)
+    with pytest.raises(InvalidInput, match="expiry"):
+        memory.add("x", vectors=x[0], namespace="n", metadata={"_tr_expires_at_us": 1})
