@@ -392,3 +392,10 @@ def test_cli_refuses_bad_input_with_a_clear_message_and_exit_code(cli, tmp_path,
                 assert m.count() == 0
         except InvalidInput:
             pass  # no config written: nothing stored
+
+
+def test_an_id_past_2_63_is_refused_not_wrapped(open_memory):
+    memory = open_memory()
+    for call in (memory.get, memory.delete, memory.vectors):
+        with pytest.raises(InvalidInput, match="at most 2\\*\\*63 - 1"):
+            call([2 ** 63])

@@ -89,6 +89,8 @@ def ids(value: Any) -> np.ndarray:
         arr = None
     if arr is None or arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise InvalidInput(f"ids must be an int or a list of ints, got {value!r:.80}")
+    if arr.size and (arr.dtype.kind == "u" and int(arr.max()) > MAX_ID):
+        raise InvalidInput(f"ids are at most 2**63 - 1, got {int(arr.max())}")
     return arr.astype(np.int64)
 
 
