@@ -303,6 +303,10 @@ class ColdStore:
         with self._read_locked(flush=self._searcher.text_table_serves(where)):
             return self._searcher.text_search_locked(text, k, namespace, where, excluded)
 
+    def log_backlog_bytes(self) -> int:
+        """Bytes of write-ahead log records not yet committed to LanceDB (a cheap look, no lock; 0 without a log)."""
+        return 0 if self._wal is None else int(self._wal.pending_bytes())
+
     def ids_where(self, where: str, *, namespace: str | None = None) -> np.ndarray:
         """The ids (int64) of every row (of one namespace) that a LanceDB SQL where filter matches; what a sweep of
         expired memories reads."""

@@ -49,6 +49,7 @@ def namespace_name(namespace: str | tuple[str, ...] | list[str]) -> str:
     return validate_namespace(namespace)
 
 
+@lru_cache(maxsize=1 << 16)
 def namespace_labels(name: str) -> tuple[str, ...]:
     """The labels of a stored name: the inverse of namespace_name for a tuple ("users/alice" -> ("users",
     "alice")); a name without "/" is a tuple of one label."""

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tiered_recall import InvalidInput
+from tiered_recall.coordinator import memory as memory_module
 from tiered_recall.namespaces import namespace_labels, namespace_name
 
 pytestmark = pytest.mark.lancedb
@@ -44,8 +45,10 @@ def test_a_tuple_namespace_is_stored_by_its_labels_and_a_slashed_name_is_the_sam
         memory.search(x[0], namespace="a", namespace_prefix=("a",))
 
 
-@pytest.mark.parametrize("namespaces", [4, 20], ids=["fan-out", "one-filtered-search"])
-def test_prefix_search_is_exact_through_both_tiers(open_memory, namespaces):
+@pytest.mark.parametrize("namespaces, fanout_max", [(4, 64), (20, 64), (20, 0)],
+                         ids=["fan-out", "fan-out-20", "one-filtered-search"])
+def test_prefix_search_is_exact_through_both_tiers(open_memory, monkeypatch, namespaces, fanout_max):
+    monkeypatch.setattr(memory_module, "PREFIX_FANOUT_MAX", fanout_max)  # both ways of searching a prefix
     memory = open_memory(hot_capacity=60)  # fewer rows than the store: some namespaces are cold-only or partial
     rng = np.random.default_rng(namespaces)
     rows: dict[int, tuple[tuple[str, ...], np.ndarray]] = {}
@@ -107,8 +110,8 @@ def test_an_expired_memory_is_never_returned_and_the_search_stays_exact(open_mem
     assert all(not m.text.startswith("soon") for m in memory.memories("n"))
     # The search that stepped over them woke the sweep (its interval is an hour): they go soon.
     deadline = time.monotonic() + 10.0
-    while memory.count("n") > 10 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while (memory.count("n") > 10 or memory.stats()["expiry"]["deleted"] < 6) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the sweep's count is kept just after its delete returns
     assert memory.count("n") == 10
     assert memory.stats()["expiry"]["deleted"] == 6
 
@@ -134,3 +137,58 @@ def test_the_sweep_deletes_in_the_background_and_refresh_keeps_a_memory(open_mem
         memory.add("x", vectors=x[0], namespace="n", ttl=0)
     with pytest.raises(InvalidInput, match="expiry"):
         memory.add("x", vectors=x[0], namespace="n", metadata={"_tr_expires_at_us": 1})
+
+
+def _search_while_expiring(path: str, device: str, seconds: float, seed: int, results) -> None:
+    """A second process's searches during the race: counts hits that had expired before the search began."""
+    from tiered_recall import TieredMemory
+
+    rng = np.random.default_rng(seed)
+    searches = expiring = violations = 0
+    with TieredMemory(path, dim=DIM, embedder=None, device=device, ttl_sweep_s=0.2, orphan_grace_s=2.0) as memory:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            started_us = time.time_ns() // 1000
+            for hit in memory.search(unit_rows(rng, 1)[0], k=10, namespace="race"):
+                if hit.expires_at is not None:
+                    expiring += 1
+                    violations += hit.expires_at.timestamp() * 1e6 <= started_us
+            searches += 1
+    results.put((device, searches, expiring, violations))
+
+
+@pytest.mark.slow
+def test_expiry_races_searches_from_two_processes(open_memory, tmp_path):
+    import multiprocessing
+
+    memory = open_memory(path=tmp_path / "race", ttl_sweep_s=0.2)  # the writer, with a CPU hot tier
+    rng = np.random.default_rng(9)
+    memory.add([f"seed-{i}" for i in range(40)], vectors=unit_rows(rng, 40), namespace="race", ttl=0.3)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    searchers = [context.Process(target=_search_while_expiring, args=(str(tmp_path / "race"), device, 4.0, n, results))
+                 for n, device in enumerate(["cpu", "none"])]
+    for p in searchers:
+        p.start()
+    forever = 0
+    deadline = time.monotonic() + 4.5
+    while time.monotonic() < deadline:  # memories that expire within 50-400 ms, most of what a search can find
+        n = int(rng.integers(1, 6))
+        memory.add([f"m{time.monotonic_ns()}-{i}" for i in range(n)], vectors=unit_rows(rng, n), namespace="race",
+                   ttl=float(rng.uniform(0.05, 0.4)))
+        if rng.random() < 0.2:
+            memory.add(["forever"], vectors=unit_rows(rng, 1), namespace="race")
+            forever += 1
+        time.sleep(0.01)
+    reports = [results.get(timeout=60) for _ in searchers]
+    for p in searchers:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    for device, searches, expiring, violations in reports:
+        assert searches > 20 and expiring > 50, (device, searches, expiring)  # the race did happen
+        assert violations == 0, f"{device}: {violations} hits had expired before their search began"
+    # Every memory with a time to live has expired by now: the sweeps leave only the ones without.
+    deadline = time.monotonic() + 10.0
+    while memory.count("race") > forever and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert memory.count("race") == forever

@@ -23,6 +23,7 @@ from . import validate as check
 from .link import HotLink, backend_for, publish_totals, require_cuda
 from .placement import Placement
 from .expiry import DEFAULT_SWEEP_S, HAS_EXPIRY_SQL, ExpirySweeper
+from .metrics import MetricsRecorder, StoreMetrics, span
 from .records import EXPIRES_KEY, TTL_KEY, Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, make_memory, memory_of
 from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only
 from .write_lock import StoreWriteLock
@@ -33,8 +34,8 @@ _ROW_OVERHEAD_BYTES = 24  # id, namespace hash, created_at per hot row
 # How messages name the options of TieredMemory(...); the CLI passes its own flags.
 API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_only": "read_only"}
 # A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
-# answers; over more it is one cold-tier search filtered to the namespaces (docs/namespaces.md says why).
-PREFIX_FANOUT_MAX = 8
+# answers; over more it is one cold-tier search filtered to the namespaces (docs/frameworks.md gives the figures).
+PREFIX_FANOUT_MAX = 64
 
 
 @dataclass
@@ -160,6 +161,7 @@ class TieredMemory:
         self._expiry = ExpirySweeper(self._sweep_expired, ttl_sweep_s)
         if not self.read_only:
             self._expiry.start()
+        self._metrics = MetricsRecorder(self.path, self._gauges, writable=not self.read_only)
 
     def _attach_at_open(self, device: str) -> None:
         """The hot tier at open: an error where it was asked for by name and its sidecar fails to start, else a
@@ -206,6 +208,7 @@ class TieredMemory:
         sweep), None for never. Returns the ids. Nothing is written when any input is invalid.
         """
         self._check_open()
+        started = time.perf_counter()
         namespace = check.namespace(namespace)
         ttl = check.ttl(ttl)
         text_list, n, has_texts = check.texts(texts, vectors)
@@ -253,6 +256,7 @@ class TieredMemory:
                 self._placement.bounds.discard(int(i) for i in id_arr)
                 self._placement.fold_cold(namespace, id_arr, vecs, created)  # cold-only until the backlog goes
             self._link.after_own_write(bump, hot_side_done=done)
+        self._metrics.observe_add(n, time.perf_counter() - started)
         return [int(i) for i in id_arr]
 
     def delete(self, ids: Sequence[int] | int) -> int:
@@ -390,8 +394,8 @@ class TieredMemory:
 
         query: text (embedded) or a (dim,) vector. namespace: only this namespace (a name or a tuple of labels).
         namespace_prefix: every namespace under these labels (("users",) takes ("users", "alice") and ("users",
-        "bob", "notes")), exact through both tiers. where: a SQL filter over session / role / created_at /
-        metadata, evaluated by the cold tier. The cold tier is skipped by the store's rules, in order: "complete"
+        "bob", "notes")), exact through both tiers. where: a SQL filter over id / session / role / created_at /
+        metadata (the metadata's JSON text: "metadata LIKE '%chat%'"), evaluated by the cold tier. The cold tier is skipped by the store's rules, in order: "complete"
         (the hot tier holds every memory of the namespace), "bound" (no cold-only row can reach the top k), and
         "threshold" (hot k-th score >= confidence; approximate). explain=True returns a SearchReport (hits, the
         rule that decided, scores behind it) instead of the hits. hybrid=True (text queries only): BM25 over the
@@ -409,6 +413,20 @@ class TieredMemory:
         namespace = check.optional_namespace(namespace)
         prefix = check.optional_namespace(namespace_prefix)
         where = check.where(where)
+        with span("tiered_recall.search", k=k, namespace=namespace or prefix or "", hybrid=hybrid) as traced:
+            hits, answer, seconds = self._search_live(query, k, namespace, prefix, where, hybrid, refresh_ttl)
+            if traced is not None:
+                traced.set_attribute("rule", answer.rule)
+                traced.set_attribute("path", answer.path)
+                traced.set_attribute("hits", len(hits))
+        if explain:
+            return SearchReport(hits, answer.rule, answer.path, answer.hot_kth, answer.cold_bound, seconds)
+        return hits
+
+    def _search_live(self, query: Any, k: int, namespace: str | None, prefix: str | None, where: str | None,
+                     hybrid: bool, refresh_ttl: bool) -> tuple[list[Hit], "_Answer", float]:
+        """The k best live memories (expired ones stepped over by searching deeper), the answer that decided them,
+        and the seconds it took; recorded in the store's metrics."""
         t0 = time.perf_counter()
         q = self._query_vector(query)
         text = query if hybrid else None
@@ -439,9 +457,8 @@ class TieredMemory:
         seconds = time.perf_counter() - t0
         self._stats.record(answer.path, seconds)
         self._rule_stats.record(answer.rule, seconds)
-        if explain:
-            return SearchReport(hits, answer.rule, answer.path, answer.hot_kth, answer.cold_bound, seconds)
-        return hits
+        self._metrics.observe_search(answer.path, answer.rule, seconds)
+        return hits, answer, seconds
 
     def _search_scope(self, q: np.ndarray, text: str | None, k: int, namespace: str | None, prefix: str | None,
                       where: str | None) -> "_Answer":
@@ -649,11 +666,18 @@ class TieredMemory:
             "rules": self._rule_stats.summary(),
             "rows_moved": dict(self._moves),
             "expiry": self._expiry.stats(),
+            "store_metrics": StoreMetrics(self.path).summary(),  # every process of the store, added up
             "cached_memories": len(self._cache),  # texts and metadata of rows searches returned
             "policy": self.policy.describe(),
             "bounds": self._placement.bounds.stats(),
             "sidecar": hot.stats() if hot is not None else None,
         }
+
+    def _gauges(self) -> dict:
+        """What the shared metrics report as gauges (read by the metrics thread about once a second)."""
+        hot = self._link.hot
+        return {"hot_rows": int(hot.hot_rows) if hot is not None else 0, "cold_rows": int(self.cold.count()),
+                "log_backlog_bytes": self.cold.log_backlog_bytes(), "sidecar_rewarms": int(self._moves["rewarms"])}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -664,6 +688,7 @@ class TieredMemory:
         if self._closed:
             return
         self._expiry.stop()
+        self._metrics.close()
         with self._lock:
             self._link.close()
         self._closed = True
