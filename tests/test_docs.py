@@ -16,7 +16,7 @@ import pytest
 from tiered_recall.hot import HotTier, segment_path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "benchmarks" / "README.md"]
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```", re.M | re.S)
 CLI = str(Path(sys.executable).parent / "tiered-recall")
 # The README's set-up commands make a virtual environment, so they run in CI (.ci/run, .ci/wheel), not here: each is

@@ -43,7 +43,7 @@ def test_version_prints_the_package_version():
 
 
 def test_help_has_no_type_tags_and_lists_the_choices():
-    for command in ("add", "search", "get", "delete", "list", "export", "ingest", "stats", "serve", "demo"):
+    for command in ("add", "search", "get", "delete", "list", "export", "ingest", "stats", "serve", "demo", "mcp"):
         result = invoke(command, "--help")
         assert result.exit_code == 0, command
         for tag in ("<bool>", "<list[str]>", "<list[int]>", "<str>", "<int>", "<path>"):

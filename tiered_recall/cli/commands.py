@@ -333,6 +333,11 @@ def serve(
     backend: str = typer.Option("cpu", metavar="cpu|cuda", help="Which backend serves."),
     slots: Optional[int] = typer.Option(None, metavar="N", help="Request slots (requests in flight at once)."),
     threads: Optional[int] = typer.Option(None, metavar="N", help="CPU search threads (default: one per core)."),
+    metrics_port: Optional[int] = typer.Option(None, metavar="PORT", help="Also serve the Prometheus metrics of "
+                                               "the store at --store on http://0.0.0.0:PORT/metrics (every process "
+                                               "of the store added up; needs the metrics extra)."),
+    store: Optional[Path] = typer.Option(None, "--store", metavar="FOLDER", help="The store whose metrics "
+                                         "--metrics-port serves."),
 ) -> None:
     """Run a hot-tier sidecar in the foreground until Ctrl-C or SIGTERM (which remove its segment)."""
     from ..coordinator.link import serve_command
@@ -343,7 +348,15 @@ def serve(
     except TieredRecallError as error:
         fail(error)
     sys.stdout.flush()
-    os.execv(args[0], args)
+    if metrics_port is None:
+        if store is not None:
+            fail("--store names the store whose metrics --metrics-port serves: give --metrics-port too")
+        os.execv(args[0], args)
+    if store is None:
+        fail("--metrics-port serves the metrics of a store: name it with --store FOLDER")
+    from .metrics_server import serve_with_metrics
+
+    raise typer.Exit(code=serve_with_metrics(args, store, metrics_port))
 
 
 @app.command(cls=PlainHelp)
@@ -362,3 +375,21 @@ def demo(
     except TieredRecallError as error:
         fail(error)
     note(f"demo done in {time.perf_counter() - started:.1f} s")
+
+
+@app.command(name="mcp", cls=PlainHelp)
+def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+               hot_capacity: Optional[int] = HOT_CAPACITY) -> None:
+    """Serve the store to an MCP client (Claude Desktop, an IDE, an agent) over stdin and stdout until the client
+    closes it: tools to add, search, get and delete memories and to list namespaces (docs/integrations/mcp.md)."""
+    try:
+        from ..integrations.mcp_server import serve  # imported here: the mcp package is an optional extra
+    except ImportError as error:
+        if (error.name or "").split(".")[0] == "tiered_recall":
+            raise  # a part of this package is missing: not what the extra installs
+        fail(f"the MCP server needs the mcp package, 2.3 or later ({error}): pip install \"tiered-recall[mcp]\"")
+    try:
+        memory = _open(store, device, embedder, hot_capacity)  # opened first: a bad option is a plain error here
+    except TieredRecallError as error:
+        fail(error)
+    serve(memory)  # closes the store when the client goes
