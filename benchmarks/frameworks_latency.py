@@ -171,20 +171,22 @@ def adapters(folder: Path, device: str, rows: int, dim: int, repeats: int) -> di
                                                       "LangChain similarity_search_by_vector",
                                                       "TieredMemory.search (LangGraph's vectors)",
                                                       "LangGraph search")}
-    with TieredRecallVectorStore(Fixed(table), path=folder / "lc", namespace="n", device=device,
-                                 hot_capacity=rows + 10) as lc, \
-            TieredRecallStore(folder / "lg", index={"dims": dim, "embed": Fixed(table), "fields": ["text"]},
-                              device=device, hot_capacity=rows + 10) as lg:
-        lc.add_texts(texts, ids=[f"id{i}" for i in range(rows)])
+    # One hot tier for all of them (the LangGraph store's vectors; LangChain in a namespace of its own there): on two
+    # cores a second sidecar would compete with the first for the CPU.
+    with TieredRecallStore(folder / "lg", index={"dims": dim, "embed": Fixed(table), "fields": ["text"]},
+                           device=device, hot_capacity=2 * rows + 10) as lg:
         lg.batch([PutOp(("n",), f"k{i}", {"text": t}) for i, t in enumerate(texts)])
-        memory = lc.memory
+        memory = lg._vectors
+        lc = TieredRecallVectorStore(Fixed(table), memory=memory, namespace="lc")
+        lc.add_texts(texts, ids=[f"id{i}" for i in range(rows)])
         amemory = AsyncTieredMemory.wrap(memory)
         loop = asyncio.new_event_loop()
         for round_ in range(repeats):
             q = queries[round_ % len(queries)]
             for name, call in (
-                    ("TieredMemory.search", lambda: memory.search(q, k=10, namespace="n")),
-                    ("AsyncTieredMemory.search", lambda: loop.run_until_complete(amemory.search(q, k=10, namespace="n"))),
+                    ("TieredMemory.search", lambda: memory.search(q, k=10, namespace="lc")),
+                    ("AsyncTieredMemory.search", lambda: loop.run_until_complete(amemory.search(q, k=10,
+                                                                                                 namespace="lc"))),
                     ("LangChain similarity_search_by_vector", lambda: lc.similarity_search_by_vector(q.tolist(), k=10)),
                     ("TieredMemory.search (LangGraph's vectors)",
                      lambda: lg._vectors.search(q, k=10, namespace_prefix=("n",))),
@@ -255,6 +257,9 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--items", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--adapter-rows", type=int, default=256,
+                        help="rows of the adapters' store: small, so that the search itself is short beside them")
+    parser.add_argument("--adapter-repeats", type=int, default=1000)
     parser.add_argument("--json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,7 +270,8 @@ def main() -> None:
         print("prefix:", json.dumps(result["prefix"]), flush=True)
         result["langgraph"] = langgraph_store(Path(tmp) / "l", args.device, args.items, args.repeats)
         print("langgraph:", json.dumps(result["langgraph"]), flush=True)
-        result["adapters"] = adapters(Path(tmp) / "ad", args.device, args.rows, args.dim, args.repeats)
+        result["adapters"] = adapters(Path(tmp) / "ad", args.device, args.adapter_rows, args.dim,
+                                      args.adapter_repeats)
         print("adapters:", json.dumps(result["adapters"]), flush=True)
         result["mcp"] = mcp_round_trip(Path(tmp) / "m", args.device, args.repeats)
         print("mcp:", json.dumps(result["mcp"]), flush=True)

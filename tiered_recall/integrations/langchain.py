@@ -282,18 +282,15 @@ class TieredRecallVectorStore(VectorStore):
         The store ranks; the filter is applied to its answer, fetched deeper (k doubling) until k documents match
         or the namespace is exhausted, so nothing a filter accepts is missed. Past the store's largest k, the
         matching ids are found by a scan and ranked by the store in batches."""
-        total = self.memory.count(self.namespace)
-        if total == 0:
-            return []
-        fetch = min(k, total, MAX_K)
-        while True:
+        fetch = min(k, MAX_K)
+        while True:  # no count first: a search that returns fewer than it asked for has seen the whole namespace
             hits = self.memory.search(query, k=fetch, namespace=self.namespace)
             found = _accepted(hits, matches)
-            if len(found) >= k or len(hits) < fetch or fetch >= total:
+            if len(found) >= k or len(hits) < fetch:
                 return found[:k]
             if fetch == MAX_K:
                 return self._ranked_by_scan(query, k, matches)
-            fetch = min(fetch * 2, total, MAX_K)
+            fetch = min(fetch * 2, MAX_K)
 
     def _ranked_by_scan(self, query: np.ndarray, k: int, matches: Matcher | None) -> list[tuple[Hit, Document]]:
         wanted = [m.id for m in self.memory.memories(self.namespace)
