@@ -49,6 +49,23 @@ class MirrorWatcher(Protocol):
         ...
 
 
+class RowListener(Protocol):
+    """Told of every row change the follower sees (any process's, this one's included), so that what a caller keeps
+    about rows (the coordinator's cache of texts and metadata) follows the store."""
+
+    def rows_logged(self, rows: Rows) -> None:
+        """These rows were added or replaced (the log's record, every column)."""
+        ...
+
+    def rows_deleted(self, ids: np.ndarray) -> None:
+        """These rows were deleted."""
+        ...
+
+    def rows_reloaded(self) -> None:
+        """The mirror was reloaded from the table: any row may have changed (a write that bypassed the log)."""
+        ...
+
+
 class _NoWatcher:
     def mirror_replaced(self, old: VectorMirror | None, new: VectorMirror | None) -> None:
         pass
@@ -72,6 +89,7 @@ class Follower:
         self._log = None if wal is None else LogFollower(wal)
         self._mirror_max_bytes = mirror_max_bytes
         self.watcher: MirrorWatcher = _NoWatcher()
+        self.listeners: list[RowListener] = []
         self.mirror: VectorMirror | None = None
         self.mirror_version = -1
         self.row_estimate = 0
@@ -120,6 +138,8 @@ class Follower:
         old = self.mirror
         self.mirror_version = version
         self.row_estimate = rows
+        for listener in self.listeners:
+            listener.rows_reloaded()
         self.bm25 = None  # rebuilt from the table on the next keyword search
         if data is None:
             self.mirror = None
@@ -217,6 +237,8 @@ class Follower:
             self.bm25.upsert(rows.ids.tolist(), rows.namespaces, keyword_texts(rows.roles, rows.texts))
         for j, row_id in enumerate(rows.ids.tolist()):
             self._unflushed[row_id] = (rows.gen, rows.offset, rows, j)
+        for listener in self.listeners:
+            listener.rows_logged(rows)
 
     def _apply_logged_delete_locked(self, deleted: Deleted) -> None:
         m = self.mirror
@@ -229,6 +251,8 @@ class Follower:
             self.bm25.remove(deleted.ids.tolist())
         for row_id in deleted.ids.tolist():
             self._unflushed[row_id] = (deleted.gen, deleted.offset, None, -1)
+        for listener in self.listeners:
+            listener.rows_deleted(deleted.ids)
 
     def _drop_flushed_locked(self, header: Header) -> None:
         """A new generation began: the previous one's records before carried_from are in the table now (forget them);

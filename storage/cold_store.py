@@ -303,6 +303,17 @@ class ColdStore:
         with self._read_locked(flush=self._searcher.text_table_serves(where)):
             return self._searcher.text_search_locked(text, k, namespace, where, excluded)
 
+    def add_row_listener(self, listener) -> None:
+        """listener (rows_logged(rows), rows_deleted(ids), rows_reloaded()) hears of every row change this process's
+        follower applies, another process's included; called under the store's lock, so it must not call back in."""
+        self._follower.listeners.append(listener)
+
+    def follow(self) -> None:
+        """Applies what other processes logged since the last look (a cheap check of the log when nothing was)."""
+        self._life.ensure_open()
+        with self._read_locked(flush=False):
+            pass
+
     def log_backlog_bytes(self) -> int:
         """Bytes of write-ahead log records not yet committed to LanceDB (a cheap look, no lock; 0 without a log)."""
         return 0 if self._wal is None else int(self._wal.pending_bytes())

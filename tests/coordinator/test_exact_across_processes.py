@@ -110,3 +110,52 @@ def test_a_failed_hot_side_leaves_the_namespace_uncertified(open_memory, tmp_pat
     monkeypatch.undo()
     report = a.search(vectors[0], k=10, namespace="n", explain=True)
     assert [h.id for h in report.hits] == [2] and report.rule == "cold"
+
+
+_REPLACE = """
+import sys, numpy as np
+from tiered_recall import TieredMemory
+with TieredMemory(sys.argv[1], dim=8, embedder=None, device="none") as memory:
+    if sys.argv[2] == "delete":
+        memory.delete([7])
+    else:
+        memory.add([sys.argv[2]], vectors=np.eye(8, dtype=np.float32)[0], namespace="n", ids=[7],
+                   metadata={"version": sys.argv[2]})
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "none"])
+def test_a_memory_another_process_replaced_comes_back_as_it_is_now(open_memory, tmp_path, device):
+    memory = open_memory(path=tmp_path / "s", dim=8, device=device)
+    x = np.eye(8, dtype=np.float32)
+    memory.add(["v1"], vectors=x[0], namespace="n", ids=[7], metadata={"version": "v1"})
+    memory.add(["other"], vectors=x[1], namespace="n")
+    assert memory.search(x[0], k=1, namespace="n")[0].text == "v1"  # now cached in this process
+    for step in ("v2", "v3", "delete"):
+        done = subprocess.run([sys.executable, "-c", _REPLACE, str(tmp_path / "s"), step], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        got = memory.get([7])[0]
+        hits = memory.search(x[0], k=2, namespace="n")
+        if step == "delete":
+            assert got is None and all(h.id != 7 for h in hits)
+        else:
+            assert (got.text, got.metadata) == (step, {"version": step})
+            assert (hits[0].id, hits[0].text, hits[0].metadata) == (7, step, {"version": step})
+
+
+def test_a_process_that_did_not_write_the_rows_reads_no_disk_for_hot_answers(open_memory, tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    writer = open_memory(path=tmp_path / "s", dim=8, device="cpu")
+    ids = writer.add([f"m{i}" for i in range(300)], vectors=x, namespace="n")
+    writer.cold.flush()  # in the table, not the log: what another process finds when it opens the store
+    reader = open_memory(path=tmp_path / "s", dim=8, device="cpu")
+    reader._warmer.join(timeout=30)  # the cache warming read them in the background
+    reads = []
+    original = reader.cold.get
+    reader.cold.get = lambda wanted: (reads.append(len(wanted)), original(wanted))[1]
+    for q in x[:50]:
+        hits = reader.search(q, k=5, namespace="n")
+        assert hits[0].text == f"m{ids.index(hits[0].id)}"
+    assert reads == []

@@ -162,6 +162,10 @@ class TieredMemory:
         if not self.read_only:
             self._expiry.start()
         self._metrics = MetricsRecorder(self.path, self._gauges, writable=not self.read_only)
+        # Other processes' rows, read once in the background: a search that returns them then reads no disk.
+        self._closing = False
+        self._warmer = threading.Thread(target=self._warm_cache, name="tiered-recall-warm", daemon=True)
+        self._warmer.start()
 
     def _attach_at_open(self, device: str) -> None:
         """The hot tier at open: an error where it was asked for by name and its sidecar fails to start, else a
@@ -313,6 +317,7 @@ class TieredMemory:
         live of each memory returned that has one again from now (a write)."""
         self._check_open()
         id_list = [int(i) for i in check.ids(ids)]
+        self.cold.follow()  # other processes' replacements reach the cache first
         found = self._cache.lookup(id_list)
         now_us = time.time_ns() // 1000
         expired = [i for i, m in found.items() if m.expired(now_us)]
@@ -673,11 +678,25 @@ class TieredMemory:
             "sidecar": hot.stats() if hot is not None else None,
         }
 
+    def _warm_cache(self) -> None:
+        import logging
+
+        try:
+            self._cache.warm(stop=lambda: self._closing)
+        except Exception as error:  # the store closed under it, or a read failed: searches fill the cache instead
+            if not self._closing:
+                logging.getLogger("tiered_recall").debug("tiered-recall: warming the memory cache stopped: %s", error)
+
     def _gauges(self) -> dict:
         """What the shared metrics report as gauges (read by the metrics thread about once a second)."""
         hot = self._link.hot
         return {"hot_rows": int(hot.hot_rows) if hot is not None else 0, "cold_rows": int(self.cold.count()),
                 "log_backlog_bytes": self.cold.log_backlog_bytes(), "sidecar_rewarms": int(self._moves["rewarms"])}
+
+    def _closed_warm_wait(self) -> None:
+        """Lets the cache warming finish its batch before the cold tier closes (it stops at the next one)."""
+        self._closing = True
+        self._warmer.join(timeout=30)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -689,6 +708,7 @@ class TieredMemory:
             return
         self._expiry.stop()
         self._metrics.close()
+        self._closed_warm_wait()
         with self._lock:
             self._link.close()
         self._closed = True

@@ -1,6 +1,8 @@
 """What the store hands back (Memory, Hit, SearchReport), this process's cache of them, and per-path latency stats."""
 from __future__ import annotations
 
+import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -144,13 +146,21 @@ class PathStats:
 
 
 class MemoryCache:
-    """Texts and metadata of rows this process wrote or searches returned, newest kept (METADATA_CACHE_ROWS), so a
-    hot answer needs no disk read; the cold tier fills what is missing."""
+    """Texts and metadata of rows this process wrote, searches returned or other processes logged, newest kept
+    (METADATA_CACHE_ROWS), so a hot answer needs no disk read; the cold tier fills what is missing. It listens to the
+    cold tier's follower (ColdStore.add_row_listener): a row another process replaced is replaced here, a deleted one
+    dropped, and a reload of the table (a write that bypassed the log) empties it, so it never hands back an old
+    text or metadata."""
 
     def __init__(self, cold, limit: int = METADATA_CACHE_ROWS) -> None:
         self._cold = cold
         self._limit = limit
         self._rows: OrderedDict[int, Memory] = OrderedDict()
+        self._lock = threading.RLock()  # the follower calls in from whichever thread syncs the cold tier
+        self._warming: set[int] | None = None  # while warm() runs: the ids deleted since it began reading
+        self._warm_abandoned = False
+        if hasattr(cold, "add_row_listener"):
+            cold.add_row_listener(self)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -160,35 +170,40 @@ class MemoryCache:
 
     def remember(self, memory: Memory) -> None:
         """Caches a memory as the newest; the oldest is dropped past the limit."""
-        self._rows[memory.id] = memory
-        self._rows.move_to_end(memory.id)
-        if len(self._rows) > self._limit:
-            self._rows.popitem(last=False)
+        with self._lock:
+            self._rows[memory.id] = memory
+            self._rows.move_to_end(memory.id)
+            if len(self._rows) > self._limit:
+                self._rows.popitem(last=False)
 
     def clear(self) -> None:
         """Forgets every cached memory."""
-        self._rows.clear()
+        with self._lock:
+            self._rows.clear()
 
     def drop(self, ids: Iterable[int]) -> None:
         """Forgets the memories of ids (deleted rows); ids not cached are ignored."""
-        for i in ids:
-            self._rows.pop(int(i), None)
+        with self._lock:
+            for i in ids:
+                self._rows.pop(int(i), None)
 
     def keep_only(self, live_ids: np.ndarray) -> None:
         """Drops cached memories whose rows are gone (deleted by another process; this process's own deletes drop
         theirs at once): nothing else removes them before the cache is full, so a long-lived process among other
         writers would keep every row any search ever showed it."""
-        if not self._rows:
-            return
-        cached = np.fromiter(self._rows.keys(), dtype=np.int64, count=len(self._rows))
-        for i in cached[~np.isin(cached, live_ids)].tolist():
-            del self._rows[i]
+        with self._lock:
+            if not self._rows:
+                return
+            cached = np.fromiter(self._rows.keys(), dtype=np.int64, count=len(self._rows))
+            for i in cached[~np.isin(cached, live_ids)].tolist():
+                del self._rows[i]
 
     def lookup(self, ids: Iterable[int]) -> dict[int, Memory]:
         """The memories of `ids` that exist (cached, else read from the cold tier)."""
         ids = [int(i) for i in ids]
-        rows = self._rows
-        found = {i: rows[i] for i in ids if i in rows}
+        with self._lock:
+            rows = self._rows
+            found = {i: rows[i] for i in ids if i in rows}
         missing = [i for i in ids if i not in found]
         if missing:
             for row in self._cold.get(missing):
@@ -198,3 +213,53 @@ class MemoryCache:
                 self.remember(memory)
                 found[memory.id] = memory
         return found
+
+    def warm(self, batch: int = 5000, stop=lambda: False) -> int:
+        """Reads the newest rows' texts and metadata (up to the cache's limit) from the cold tier in batches, so
+        that a process which did not write them needs no disk read when searches return them. Never replaces what
+        is cached (which is as new or newer) and skips rows deleted while it read; returns how many it added."""
+        with self._lock:
+            self._warming, self._warm_abandoned = set(), False
+        added = 0
+        try:
+            ids = self._cold.recent(self._limit)["ids"]
+            for lo in range(0, ids.shape[0], batch):
+                if stop():
+                    break
+                rows = self._cold.get(ids[lo:lo + batch])
+                with self._lock:
+                    if self._warm_abandoned:
+                        break
+                    for row in rows:
+                        if row is None or int(row["id"]) in self._rows or int(row["id"]) in self._warming:
+                            continue
+                        if len(self._rows) >= self._limit:
+                            return added
+                        self._rows[int(row["id"])] = memory_of(row)
+                        self._rows.move_to_end(int(row["id"]), last=False)  # older than what searches cached
+                        added += 1
+        finally:
+            with self._lock:
+                self._warming = None
+        return added
+
+    # ---- the cold tier's follower (storage._follower.RowListener) ------------------------------
+    def rows_logged(self, rows) -> None:
+        """Rows added or replaced, by any process: cached as they are now."""
+        for j, row_id in enumerate(rows.ids.tolist()):
+            meta = rows.metadata_json[j]
+            self.remember(make_memory(int(row_id), rows.texts[j], rows.namespaces[j], rows.sessions[j], rows.roles[j],
+                                      int(rows.created_at_us[j]), json.loads(meta) if meta else {}))
+
+    def rows_deleted(self, ids) -> None:
+        """Rows deleted, by any process."""
+        with self._lock:
+            if self._warming is not None:
+                self._warming.update(ids.tolist())
+            self.drop(ids.tolist())
+
+    def rows_reloaded(self) -> None:
+        """The table was reloaded: any row may have changed."""
+        with self._lock:
+            self._warm_abandoned = self._warming is not None
+            self.clear()
