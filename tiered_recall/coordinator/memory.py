@@ -453,8 +453,11 @@ class TieredMemory:
                 fetch = k
                 continue
             fetch = min(check.MAX_K, max(2 * fetch, k + 2 * len(expired)))
-        live = {h.id for h in answer.hits} - set(expired)
-        hits = [h for h in answer.hits if h.id in live][:k]
+        if expired:
+            gone = set(expired)
+            hits = [h for h in answer.hits if h.id not in gone][:k]
+        else:
+            hits = answer.hits[:k]
         if refresh_ttl and any(h.ttl_s is not None for h in hits):
             refreshed = self._refreshed([m for m in self.get([h.id for h in hits if h.ttl_s is not None])
                                          if m is not None])

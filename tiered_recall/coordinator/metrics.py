@@ -13,6 +13,7 @@ import os
 import secrets
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,7 @@ class _Histogram:
         self.n = n
 
     def observe(self, seconds: float) -> None:
-        i = 0
-        while i < len(BUCKETS) and seconds > BUCKETS[i]:
-            i += 1
-        self.counts[i] += 1
+        self.counts[bisect_left(BUCKETS, seconds)] += 1  # the first bound >= seconds: Prometheus's "le"
         self.total += seconds
         self.n += 1
 
@@ -92,7 +90,8 @@ class MetricsRecorder:
     def _mark(self) -> None:
         if not self.writable:
             return
-        self._dirty.set()
+        if not self._dirty.is_set():
+            self._dirty.set()
         if self._thread is None:
             with self._lock:
                 if self._thread is None and not self._stopping.is_set():
