@@ -23,7 +23,7 @@ from . import validate as check
 from .link import HotLink, backend_for, publish_totals, require_cuda
 from .placement import Placement
 from .expiry import DEFAULT_SWEEP_S, HAS_EXPIRY_SQL, ExpirySweeper
-from .metrics import MetricsRecorder, StoreMetrics, span
+from .metrics import MetricsRecorder, StoreMetrics, span, tracing
 from .records import EXPIRES_KEY, TTL_KEY, Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, make_memory, memory_of
 from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only
 from .write_lock import StoreWriteLock
@@ -415,15 +415,18 @@ class TieredMemory:
         if namespace is not None and namespace_prefix is not None:
             raise InvalidInput("pass namespace=... (one namespace) or namespace_prefix=... (every namespace under "
                                "it), not both")
-        namespace = check.optional_namespace(namespace)
-        prefix = check.optional_namespace(namespace_prefix)
-        where = check.where(where)
-        with span("tiered_recall.search", k=k, namespace=namespace or prefix or "", hybrid=hybrid) as traced:
+        namespace = None if namespace is None else check.namespace(namespace)
+        prefix = None if namespace_prefix is None else check.namespace(namespace_prefix)
+        where = None if where is None else check.where(where)
+        if not tracing():  # the usual case: no span to make, nothing to enter
             hits, answer, seconds = self._search_live(query, k, namespace, prefix, where, hybrid, refresh_ttl)
-            if traced is not None:
-                traced.set_attribute("rule", answer.rule)
-                traced.set_attribute("path", answer.path)
-                traced.set_attribute("hits", len(hits))
+        else:
+            with span("tiered_recall.search", k=k, namespace=namespace or prefix or "", hybrid=hybrid) as traced:
+                hits, answer, seconds = self._search_live(query, k, namespace, prefix, where, hybrid, refresh_ttl)
+                if traced is not None:
+                    traced.set_attribute("rule", answer.rule)
+                    traced.set_attribute("path", answer.path)
+                    traced.set_attribute("hits", len(hits))
         if explain:
             return SearchReport(hits, answer.rule, answer.path, answer.hot_kth, answer.cold_bound, seconds)
         return hits
@@ -437,7 +440,8 @@ class TieredMemory:
         text = query if hybrid else None
         fetch = k
         while True:
-            answer = self._search_scope(q, text, fetch, namespace, prefix, where)
+            answer = self._search_one(q, fetch, namespace, where) if prefix is None and text is None else \
+                self._search_scope(q, text, fetch, namespace, prefix, where)
             now_us = time.time_ns() // 1000
             expired = [h.id for h in answer.hits if h.expires_at is not None and
                        h.expires_at.timestamp() * 1e6 <= now_us]

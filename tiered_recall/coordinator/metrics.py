@@ -263,6 +263,11 @@ def span(name: str, **attributes: Any):
     return tracer.start_as_current_span(name, attributes=attributes)
 
 
+def tracing() -> bool:
+    """Whether the application has configured an OpenTelemetry tracer provider (spans would go somewhere)."""
+    return _tracer() is not None
+
+
 class _NoSpan:
     def __enter__(self):
         return None
