@@ -144,3 +144,20 @@ def open_memory(tmp_path, request):
                     os.kill(hot.owner_pid, signal.SIGTERM)
             except Exception:
                 pass
+
+
+@pytest.fixture
+def stop_sidecar_after():
+    """stop_sidecar_after(path): the sidecar of the store at path (if one runs) is stopped after the test."""
+    paths = []
+    yield paths.append
+    from tiered_recall.coordinator.link import sidecar_name_of  # the coordinator: not needed by hot-tier tests
+
+    for path in paths:
+        name = sidecar_name_of(path)
+        if sc.segment_path(name).exists():
+            try:
+                with sc.HotTier.attach(name) as hot:
+                    os.kill(hot.owner_pid, signal.SIGTERM)
+            except Exception:
+                pass  # gone meanwhile: it exits by itself once orphaned

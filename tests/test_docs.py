@@ -3,17 +3,14 @@ stores duplicates when run again fails), command-line blocks are run line by lin
 set-up commands are the ones .ci/run runs. A block marked `text` is not code (a diagram, a file name)."""
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tiered_recall.hot import HotTier, segment_path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "benchmarks" / "README.md"]
@@ -56,20 +53,11 @@ def test_every_block_says_its_language():
 
 
 @pytest.fixture
-def user_store(tmp_path):
+def user_store(tmp_path, stop_sidecar_after):
     """A user data folder of its own (where TieredMemory() and the CLI keep the default store); its sidecar is
     stopped afterwards."""
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")}
-    yield env
-    path = tmp_path / "data" / "tiered-recall" / "store"
-    digest = hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
-    name = f"store-{os.getuid()}-{digest}"
-    if segment_path(name).exists():
-        try:
-            with HotTier.attach(name) as hot:
-                os.kill(hot.owner_pid, signal.SIGTERM)
-        except Exception:
-            pass
+    stop_sidecar_after(tmp_path / "data" / "tiered-recall" / "store")
+    return {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")}
 
 
 @pytest.mark.parametrize("where, code", blocks("python"), ids=[where for where, _ in blocks("python")])

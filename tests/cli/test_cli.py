@@ -1,9 +1,7 @@
 """The tiered-recall command line: help, add, search, stats, ingest, demo, serve, and errors that name the fix."""
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,17 +20,10 @@ CLI = str(Path(sys.executable).parent / "tiered-recall")
 
 
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path, stop_sidecar_after):
     path = tmp_path / "store"
-    yield path
-    digest = hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
-    name = f"store-{os.getuid()}-{digest}"
-    if segment_path(name).exists():
-        try:
-            with HotTier.attach(name) as hot:
-                os.kill(hot.owner_pid, signal.SIGTERM)
-        except Exception:
-            pass
+    stop_sidecar_after(path)
+    return path
 
 
 def invoke(*args: str):

@@ -16,16 +16,15 @@ pytestmark = [pytest.mark.lancedb, pytest.mark.slow]
 
 @pytest.fixture
 def store(tmp_path):
-    import hashlib
     import time
 
+    from tiered_recall.coordinator.link import sidecar_name_of
     from tiered_recall.hot import segment_path
 
     path = tmp_path / "store"
     yield path
     # stop the sidecar this store started (it would also exit by itself once orphaned)
-    digest = hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
-    name = f"store-{os.getuid()}-{digest}"
+    name = sidecar_name_of(path)
     pid = faults.sidecar_pid(name)
     if pid:
         os.kill(pid, 15)

@@ -230,10 +230,9 @@ def test_sidecar_exits_after_its_last_client_dies(tmp_path):
     child = ctx.Process(target=_open_and_die, args=(str(tmp_path / "s"), ready))
     child.start()
     assert ready.wait(120)
-    name = TieredMemory.__new__(TieredMemory)  # only to compute the name the child used
-    import hashlib
-    digest = hashlib.blake2b(str((tmp_path / "s").resolve()).encode(), digest_size=8).hexdigest()
-    path = segment_path(f"store-{os.getuid()}-{digest}")
+    from tiered_recall.coordinator.link import sidecar_name_of
+
+    path = segment_path(sidecar_name_of(tmp_path / "s"))  # the name the child used
     with HotTier.attach(path.name.removeprefix("tiered-recall.")) as hot:
         pid = hot.owner_pid
     child.kill()
@@ -243,7 +242,6 @@ def test_sidecar_exits_after_its_last_client_dies(tmp_path):
         time.sleep(0.1)
     assert not pid_alive(pid), "the orphaned sidecar is still running"
     assert not path.exists()
-    del name
 
 
 def _bag_of_words(texts):

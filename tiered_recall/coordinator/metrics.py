@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..hot.proc import pid_alive
+
 METRICS_FOLDER = "metrics"
 # Histogram bucket bounds, in seconds: a hot search is tens of microseconds, a cold one milliseconds.
 BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
@@ -169,7 +171,7 @@ class StoreMetrics:
                 searches.setdefault((path, rule), _Histogram()).merge(_Histogram.from_json(value))
             adds.merge(_Histogram.from_json(data["adds"]))
             added += int(data.get("added_rows", 0))
-            live += _alive(int(data.get("pid", -1)))
+            live += pid_alive(int(data.get("pid", -1)))
             if data.get("written_at", 0) > newest:  # the latest word on the store's rows, from whichever process
                 newest, gauges = data["written_at"], data.get("gauges", {})
         return {"searches": searches, "adds": adds, "added_rows": added, "processes": processes,
@@ -190,18 +192,6 @@ class StoreMetrics:
                 "search_mean_us": round(seconds / n * 1e6, 1) if n else None,
                 "adds": t["adds"].n, "added_rows": t["added_rows"],
                 "add_mean_us": round(t["adds"].total / t["adds"].n * 1e6, 1) if t["adds"].n else None}
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StoreCollector:
