@@ -62,6 +62,24 @@ def under_prefix(name: str, prefix_name: str) -> bool:
     return name == prefix_name or name.startswith(prefix_name + LABEL_SEPARATOR)
 
 
+def select_namespaces(names, *, prefix: tuple[str, ...] | None = None, suffix: tuple[str, ...] | None = None,
+                      max_depth: int | None = None) -> list[tuple[str, ...]]:
+    """The stored names as tuples of labels, sorted: only those whose first (prefix) and last (suffix) labels are
+    these, "*" matching any one label; with max_depth each cut to its first labels, the cut ones listed once."""
+    found = [labels for labels in map(namespace_labels, names)
+             if _labels_match(labels, prefix, from_end=False) and _labels_match(labels, suffix, from_end=True)]
+    return sorted({labels[:max_depth] for labels in found} if max_depth is not None else set(found))
+
+
+def _labels_match(labels: tuple[str, ...], pattern: tuple[str, ...] | None, *, from_end: bool) -> bool:
+    if pattern is None:
+        return True
+    if len(labels) < len(pattern):
+        return False
+    own = labels[-len(pattern):] if from_end else labels[:len(pattern)]
+    return all(p == "*" or p == label for p, label in zip(pattern, own))
+
+
 def _escape(label: str) -> str:
     return label.replace("%", "%25").replace("/", "%2F")
 

@@ -1,4 +1,5 @@
-"""Expiry of memories with a time to live: the background sweep that deletes them from both tiers.
+"""Expiry of memories with a time to live: the background sweep that deletes them from both tiers, and the refresh
+that starts a time to live again.
 
 A search never returns an expired memory whatever the sweep has done (TieredMemory filters them out and searches
 deeper); the sweep only keeps the store from holding them. It deletes a memory only after reading it again under
@@ -9,9 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from .records import EXPIRES_KEY
+import numpy as np
+
+from .records import EXPIRES_KEY, Memory, memory_of
+
+if TYPE_CHECKING:
+    from .memory import TieredMemory
 
 logger = logging.getLogger("tiered_recall")
 
@@ -90,3 +96,43 @@ class ExpirySweeper:
                                self.interval_s, self.last_error)
             if time.monotonic() >= next_at:
                 next_at = time.monotonic() + self.interval_s
+
+
+def refreshed(memory: "TieredMemory", memories: list[Memory]) -> dict[int, Memory]:
+    """Each memory written again as it is, its time to live started again from now; {id: the new Memory}."""
+    if not memories:
+        return {}
+    memory._check_writable()
+    out: dict[int, Memory] = {}
+    groups: dict[tuple[str, float], list[Memory]] = {}
+    for m in memories:
+        groups.setdefault((m.namespace, float(m.ttl_s)), []).append(m)
+    for (namespace, ttl), group in groups.items():
+        vectors = memory.vectors([m.id for m in group])
+        kept = [(m, v) for m, v in zip(group, vectors) if v is not None]  # deleted meanwhile: nothing to refresh
+        if not kept:
+            continue
+        memory.add([m.text for m, _ in kept], vectors=np.stack([v for _, v in kept]), namespace=namespace,
+                   ids=[m.id for m, _ in kept], session=[m.session for m, _ in kept],
+                   role=[m.role for m, _ in kept], metadata=[m.metadata for m, _ in kept],
+                   created_at=[m.created_at for m, _ in kept], ttl=ttl)
+        out.update(memory._cache.lookup([m.id for m, _ in kept]))
+    return out
+
+
+def sweep_expired(memory: "TieredMemory", candidates: set[int]) -> int:
+    """Deletes the expired memories among candidates and among every memory with a time to live; each is read again
+    under the store's write lock first, so one that another process has just refreshed is kept."""
+    if memory._closed or memory.read_only:
+        return 0
+    ids = set(candidates) | {int(i) for i in memory.cold.ids_where(HAS_EXPIRY_SQL)}
+    if not ids:
+        return 0
+    with memory._lock, memory._write_lock.held():
+        now_us = time.time_ns() // 1000
+        rows = memory.cold.get(np.fromiter(ids, dtype=np.int64, count=len(ids)))
+        expired = [int(r["id"]) for r in rows if r is not None and memory_of(r).expired(now_us)]
+        if not expired:
+            return 0
+        memory._cache.drop(expired)
+        return memory.delete(expired)

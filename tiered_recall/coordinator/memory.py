@@ -15,14 +15,14 @@ import numpy as np
 
 from ..embedders import Embedder, resolve_embedder
 from ..errors import InvalidInput, ReadOnlyStore, SidecarUnavailable, TieredRecallError
-from ..namespaces import namespace_hash, namespace_labels, under_prefix
+from ..namespaces import namespace_hash, select_namespaces, under_prefix
 from ..policies import Policy, resolve_policy
 from ..scoring import Scoring
 from . import rules as R
 from . import validate as check
 from .link import HotLink, backend_for, publish_totals, require_cuda
 from .placement import Placement
-from .expiry import DEFAULT_SWEEP_S, HAS_EXPIRY_SQL, ExpirySweeper
+from .expiry import DEFAULT_SWEEP_S, ExpirySweeper, refreshed, sweep_expired
 from .metrics import MetricsRecorder, StoreMetrics, span, tracing
 from .records import EXPIRES_KEY, TTL_KEY, Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, make_memory, memory_of
 from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only
@@ -48,32 +48,6 @@ class _HotAnswer:
     trusted: bool
     hot_kth: float | None = None
     cold_bound: float | None = None
-
-
-@dataclass
-class _Answer:
-    """One search's ranked hits and how they were decided (what a SearchReport reports)."""
-
-    hits: list
-    rule: str
-    path: str
-    hot_kth: float | None
-    cold_bound: float | None
-
-
-def _sql_string(value: str) -> str:
-    """value as a SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _labels_match(labels: tuple[str, ...], pattern: tuple[str, ...] | None, *, from_end: bool) -> bool:
-    """Whether a namespace's labels start (or, from_end, end) with pattern, "*" matching any one label."""
-    if pattern is None:
-        return True
-    if len(labels) < len(pattern):
-        return False
-    own = labels[-len(pattern):] if from_end else labels[:len(pattern)]
-    return all(p == "*" or p == label for p, label in zip(pattern, own))
 
 
 class TieredMemory:
@@ -158,7 +132,7 @@ class TieredMemory:
         self._stats, self._rule_stats = PathStats(), PathStats()
         self._closed = False
         self._attach_at_open(device)
-        self._expiry = ExpirySweeper(self._sweep_expired, ttl_sweep_s)
+        self._expiry = ExpirySweeper(lambda candidates: sweep_expired(self, candidates), ttl_sweep_s)
         if not self.read_only:
             self._expiry.start()
         self._metrics = MetricsRecorder(self.path, self._gauges, writable=not self.read_only)
@@ -326,7 +300,7 @@ class TieredMemory:
             for i in expired:
                 del found[i]
         if refresh_ttl:
-            found.update(self._refreshed([m for m in found.values() if m.ttl_s is not None]))
+            found.update(refreshed(self, [m for m in found.values() if m.ttl_s is not None]))
         return [found.get(i) for i in id_list]
 
     def vectors(self, ids: Sequence[int] | int) -> list[np.ndarray | None]:
@@ -367,9 +341,7 @@ class TieredMemory:
         max_depth = check.positive_int(max_depth, "max_depth", optional=True)
         limit = check.positive_int(limit, "limit")
         offset = check.non_negative_int(offset, "offset")
-        found = [namespace_labels(name) for name in self.cold.namespace_counts()]
-        found = [ns for ns in found if _labels_match(ns, prefix, from_end=False) and _labels_match(ns, suffix, from_end=True)]
-        listed = sorted({ns[:max_depth] for ns in found} if max_depth is not None else set(found))
+        listed = select_namespaces(self.cold.namespace_counts(), prefix=prefix, suffix=suffix, max_depth=max_depth)
         return listed[offset:offset + limit]
 
     def memories(self, namespace: str | tuple[str, ...] | None = None, *, batch: int = 1000) -> Iterator[Memory]:
@@ -432,7 +404,7 @@ class TieredMemory:
         return hits
 
     def _search_live(self, query: Any, k: int, namespace: str | None, prefix: str | None, where: str | None,
-                     hybrid: bool, refresh_ttl: bool) -> tuple[list[Hit], "_Answer", float]:
+                     hybrid: bool, refresh_ttl: bool) -> tuple[list[Hit], R.Answer, float]:
         """The k best live memories (expired ones stepped over by searching deeper), the answer that decided them,
         and the seconds it took; recorded in the store's metrics."""
         t0 = time.perf_counter()
@@ -463,9 +435,9 @@ class TieredMemory:
         else:
             hits = answer.hits[:k]
         if refresh_ttl and any(h.ttl_s is not None for h in hits):
-            refreshed = self._refreshed([m for m in self.get([h.id for h in hits if h.ttl_s is not None])
-                                         if m is not None])
-            hits = [hit_of(refreshed[h.id], h.score, h.tier) if h.id in refreshed else h for h in hits]
+            fresh = refreshed(self, [m for m in self.get([h.id for h in hits if h.ttl_s is not None])
+                                     if m is not None])
+            hits = [hit_of(fresh[h.id], h.score, h.tier) if h.id in fresh else h for h in hits]
         seconds = time.perf_counter() - t0
         self._stats.record(answer.path, seconds)
         self._rule_stats.record(answer.rule, seconds)
@@ -473,28 +445,23 @@ class TieredMemory:
         return hits, answer, seconds
 
     def _search_scope(self, q: np.ndarray, text: str | None, k: int, namespace: str | None, prefix: str | None,
-                      where: str | None) -> "_Answer":
+                      where: str | None) -> R.Answer:
         """One search of a namespace, of every namespace under a prefix, or of the whole store."""
         if prefix is None:
             return self._search_hybrid(q, text, k, namespace, where) if text is not None else \
                 self._search_one(q, k, namespace, where)
         names = sorted(n for n in self.cold.namespace_counts() if under_prefix(n, prefix))
         if not names:
-            return _Answer([], "cold", "cold", None, None)
+            return R.Answer([], "cold", "cold", None, None)
         if text is None and where is None and len(names) <= PREFIX_FANOUT_MAX:
             # Each namespace's answer is exact, so the best k of their union are the scope's best k.
-            answers = [self._search_one(q, k, name, None) for name in names]
-            merged = sorted((h for a in answers for h in a.hits), key=lambda h: (-h.score, h.id))[:k]
-            rules = {a.rule for a in answers}
-            paths = {a.path for a in answers}
-            return _Answer(merged, rules.pop() if len(rules) == 1 else "prefix",
-                           paths.pop() if len(paths) == 1 else "hot+cold", None, None)
-        listed = "namespace IN (" + ", ".join(_sql_string(n) for n in names) + ")"
+            return R.union_of_answers([self._search_one(q, k, name, None) for name in names], k)
+        listed = "namespace IN (" + ", ".join(R.sql_string(n) for n in names) + ")"
         scoped = listed if where is None else f"({where}) AND {listed}"
         return self._search_hybrid(q, text, k, None, scoped) if text is not None else \
             self._search_one(q, k, None, scoped)
 
-    def _search_one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None) -> "_Answer":
+    def _search_one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None) -> R.Answer:
         """The tiered search of one scope (a namespace, or all): the hot tier, the skip rules, the cold tier when
         no rule proves the hot answer exact, the merge and the ranking."""
         scoring = self.scoring
@@ -520,7 +487,7 @@ class TieredMemory:
             if path == "hot+cold" and hot is not None:
                 self._after_cold_path(hot, namespace, ranked, answer.trusted)
         hits = [hit_of(m, score, tier) for score, i, tier in ranked if (m := found.get(i)) is not None]
-        return _Answer(hits, answer.rule, path, answer.hot_kth, answer.cold_bound)
+        return R.Answer(hits, answer.rule, path, answer.hot_kth, answer.cold_bound)
 
     def _query_vector(self, query: Any) -> np.ndarray:
         if isinstance(query, str):
@@ -529,51 +496,12 @@ class TieredMemory:
         return check.unit_query(query, self.dim)
 
     def _search_hybrid(self, q: np.ndarray, text: str, k: int, namespace: str | None,
-                       where: str | None) -> "_Answer":
+                       where: str | None) -> R.Answer:
         with self._lock:
             ids, scores = self.cold.search(q, k=k, namespace=namespace, where=where, text=text)
             found = self._cache.lookup(int(i) for i in ids)
         hits = [hit_of(m, float(sc), "cold") for i, sc in zip(ids, scores) if (m := found.get(int(i))) is not None]
-        return _Answer(hits, "hybrid", "cold", None, None)
-
-    # ---- expiry --------------------------------------------------------------------------------
-    def _refreshed(self, memories: list[Memory]) -> dict[int, Memory]:
-        """Each memory written again as it is, its time to live started again from now; {id: the new Memory}."""
-        if not memories:
-            return {}
-        self._check_writable()
-        out: dict[int, Memory] = {}
-        groups: dict[tuple[str, float], list[Memory]] = {}
-        for m in memories:
-            groups.setdefault((m.namespace, float(m.ttl_s)), []).append(m)
-        for (namespace, ttl), group in groups.items():
-            vectors = self.vectors([m.id for m in group])
-            kept = [(m, v) for m, v in zip(group, vectors) if v is not None]  # deleted meanwhile: nothing to refresh
-            if not kept:
-                continue
-            self.add([m.text for m, _ in kept], vectors=np.stack([v for _, v in kept]), namespace=namespace,
-                     ids=[m.id for m, _ in kept], session=[m.session for m, _ in kept],
-                     role=[m.role for m, _ in kept], metadata=[m.metadata for m, _ in kept],
-                     created_at=[m.created_at for m, _ in kept], ttl=ttl)
-            out.update(self._cache.lookup([m.id for m, _ in kept]))
-        return out
-
-    def _sweep_expired(self, candidates: set[int]) -> int:
-        """Deletes the expired memories among candidates and among every memory with a time to live; each is read
-        again under the store's write lock first, so one that another process has just refreshed is kept."""
-        if self._closed or self.read_only:
-            return 0
-        ids = set(candidates) | {int(i) for i in self.cold.ids_where(HAS_EXPIRY_SQL)}
-        if not ids:
-            return 0
-        with self._lock, self._write_lock.held():
-            now_us = time.time_ns() // 1000
-            rows = self.cold.get(np.fromiter(ids, dtype=np.int64, count=len(ids)))
-            expired = [int(r["id"]) for r in rows if r is not None and memory_of(r).expired(now_us)]
-            if not expired:
-                return 0
-            self._cache.drop(expired)
-            return self.delete(expired)
+        return R.Answer(hits, "hybrid", "cold", None, None)
 
     def _hot_answer(self, hot, q: np.ndarray, k: int, fetch: int, namespace: str | None, now_us: int) -> _HotAnswer:
         """The hot tier's candidates and the rule they answer by. The certificate is read before the hot answer and

@@ -74,3 +74,30 @@ def rank(candidates: list[tuple[float, int, str]], found: dict, scoring, now_us:
         candidates = [(scoring.score(s, found[i], now_us), i, tier) for s, i, tier in candidates if i in found]
     candidates.sort(key=lambda t: (-t[0], t[1]))
     return candidates[:k]
+
+
+@dataclass
+class Answer:
+    """One search's ranked hits and how they were decided (what a SearchReport reports)."""
+
+    hits: list
+    rule: str
+    path: str
+    hot_kth: float | None
+    cold_bound: float | None
+
+
+def union_of_answers(answers: list[Answer], k: int) -> Answer:
+    """The best k of several namespaces' answers (a prefix searched namespace by namespace): each is exact for its
+    namespace, so the best k of their union, best first with ties by id, are exact for all of them. The rule and
+    path are the answers' own where they agree, else "prefix" and "hot+cold"."""
+    merged = sorted((h for a in answers for h in a.hits), key=lambda h: (-h.score, h.id))[:k]
+    rules = {a.rule for a in answers}
+    paths = {a.path for a in answers}
+    return Answer(merged, rules.pop() if len(rules) == 1 else "prefix", paths.pop() if len(paths) == 1 else "hot+cold",
+                  None, None)
+
+
+def sql_string(value: str) -> str:
+    """value as a SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
