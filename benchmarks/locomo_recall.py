@@ -1,152 +1,112 @@
-"""LoCoMo retrieval recall (R@5/10/25 of evidence turns) per embedder and template, next to DRAGON; plus ingest throughput.
+"""LoCoMo retrieval recall of each preset through TieredMemory, next to DRAGON: R@5/10/25 per category, ingest turns/s,
+query-embedding and text-search latency p50/p99, and a PNG of recall against latency.
 
-    .venv/bin/python benchmarks/locomo_recall.py                      # all templates, default embedder(s)
-    .venv/bin/python benchmarks/locomo_recall.py --templates dated_said --context-turns 0 1 --json results/locomo.json
+    .venv/bin/python benchmarks/locomo_recall.py                                   # quality and fast, with and without stages
+    .venv/bin/python benchmarks/locomo_recall.py --presets quality --device cuda --json docs/results/locomo-h200.json
 
-Every conversation of the development split goes into its own namespace through the real ingest
-pipeline (tiered_recall.ingest); each question is embedded and searched in its conversation's
-namespace. --backend exact keeps the pipeline's vectors in an in-process sink and searches
-them exactly with numpy (the numbers exact search gives); --backend tiered writes to a
-TieredMemory in a temporary folder and uses its search instead.
-R@k is the LoCoMo authors' metric: the fraction of a question's evidence dia_ids found among the
-top k turns, averaged over questions (categories 1-5). Evidence ids are normalised as the data
-README says ("D8:6; D9:17" split, "D:11:26" -> "D11:26", "D30:05" -> "D30:5"); ids naming no turn
-are dropped and questions left with no evidence are not scored; both are counted and printed.
+Every conversation of the development split goes into its own namespace through the real ingest pipeline into a
+TieredMemory in a temporary folder (the hot tier holds every namespace whole); each question is searched with
+TieredMemory.search in its conversation's namespace, as a user's text search is: query embedding, the exact tiered
+search, the preset's stages. "stages off" rows are the same store searched with stages=False (the vector search
+alone). R@k is the LoCoMo authors' metric: the fraction of a question's evidence dia_ids among the top k turns,
+averaged over questions (categories 1-5). Evidence ids are normalised as the data README says; ids naming no turn are
+dropped and questions left with no evidence are not scored (both counted and printed).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import tempfile
 import time
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from tiered_recall.embedders import Embedder, resolve_embedder
-from tiered_recall.errors import InvalidInput
-from tiered_recall.ingest import DEFAULT_TEMPLATE, TEMPLATES, ingest
-from tiered_recall.testing.locomo import CATEGORIES, DRAGON, KS, Question, load_questions, recall_table
-
-REPO = Path(__file__).resolve().parent.parent
-
-DATA_FILE = "locomo_dev.json"
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo"
+from tiered_recall.testing.locomo import CATEGORIES, DATA_FILE, DEFAULT_DATA, DRAGON, KS, load_questions, recall_table
 
 
-@dataclass
-class _StoredTurn:
-    id: int
-    text: str
-    namespace: str
-    metadata: dict[str, Any]
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    values = np.array(seconds) * 1e3
+    return {"p50_ms": round(float(np.percentile(values, 50)), 3), "p99_ms": round(float(np.percentile(values, 99)), 3)}
 
 
-@dataclass
-class ExactSearchSink:
-    """Keeps what ingest writes (per namespace) and searches it exactly; same results as exact search."""
+def run_preset(preset: str, *, data_file: Path, questions, device: str, stage_settings: list[bool]) -> list[dict]:
+    """Ingest the split with this preset, then answer every question with and/or without its stages."""
+    from tiered_recall import TieredMemory, ingest
 
-    embedder: Embedder
-    records: dict[int, _StoredTurn] = field(default_factory=dict)
-    vectors: dict[int, np.ndarray] = field(default_factory=dict)
-
-    def add(self, texts, *, vectors=None, namespace, ids=None, session=None, role=None, metadata=None, created_at=None):
-        if vectors is None:
-            vectors = self.embedder(texts)
-        for row, (memory_id, text) in enumerate(zip(ids, texts)):
-            self.records[memory_id] = _StoredTurn(memory_id, text, namespace, dict(metadata[row] or {}))
-            self.vectors[memory_id] = vectors[row]
-        return list(ids)
-
-    def get(self, ids):
-        return [self.records.get(i) for i in ids]
-
-    def search_dia_ids(self, query_vectors: np.ndarray, *, namespace: str, k: int) -> list[list[str]]:
-        members = [r for r in self.records.values() if r.namespace == namespace]
-        matrix = np.stack([self.vectors[r.id] for r in members])
-        scores = query_vectors @ matrix.T
-        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        return [[members[j].metadata["dia_id"] for j in row] for row in top]
-
-
-def run_config(*, data_file: Path, embedder: Embedder, template: str, context_turns: int,
-               context_weight: float | None, backend: str, questions: list[Question],
-               hybrid: bool = False) -> tuple[dict[str, dict[int, float]], float]:
-    """Ingest with this config, answer every question; returns (recall table, ingest turns/s).
-
-    backend "tiered" ingests through TieredMemory (LanceDB + a CPU hot tier), so its turns/s is
-    end to end; hybrid=True (tiered only) fuses BM25 with the vector ranking."""
-    by_conversation: dict[str, list[int]] = defaultdict(list)
-    for index, question in enumerate(questions):
-        by_conversation[question.conversation].append(index)
-    retrieved: list[list[str]] = [[] for _ in questions]
-    k_max = max(KS)
-    if backend == "exact":
-        sink = ExactSearchSink(embedder)
-        summary = ingest(data_file, memory=sink, namespace="{conversation}", template=template,
-                         context_turns=context_turns, context_weight=context_weight, progress=False)
-        for conversation, indices in by_conversation.items():
-            query_vectors = embedder([questions[i].text for i in indices])
-            for i, ranking in zip(indices, sink.search_dia_ids(query_vectors, namespace=conversation, k=k_max)):
-                retrieved[i] = ranking
-    else:
-        from tiered_recall import TieredMemory
-
-        with tempfile.TemporaryDirectory(prefix="locomo-recall-") as folder:
-            memory = TieredMemory(folder, embedder=embedder, device="cpu")
-            summary = ingest(data_file, memory=memory, namespace="{conversation}", template=template,
-                             context_turns=context_turns, context_weight=context_weight, progress=False)
-            for conversation, indices in by_conversation.items():
-                for i in indices:
-                    hits = memory.search(questions[i].text, k=k_max, namespace=conversation, hybrid=hybrid)
-                    retrieved[i] = [hit.metadata["dia_id"] for hit in hits]
-            getattr(memory, "close", lambda: None)()
-    return recall_table(questions, retrieved), summary.turns_per_second
-
-
-def measure_throughput(data_file: Path, embedder: Embedder, *, template: str, repeats: int) -> float:
-    # The ingest defaults (context_turns=1 mixed as a vector) are what is timed.
-    """Median turns/s of parse + template + embed + (in-memory) commit over the whole file, after a warm-up."""
-    rates = []
-    for attempt in range(repeats + 1):
-        sink = ExactSearchSink(embedder)
-        started = time.perf_counter()
-        summary = ingest(data_file, memory=sink, namespace="{conversation}", template=template, progress=False)
-        elapsed = time.perf_counter() - started
-        if attempt:  # the first run warms caches and the tokenizer
-            rates.append(summary.turns_read / elapsed)
-    return float(np.median(rates))
-
-
-def load_embedders(names: Sequence[str]) -> list[tuple[str, Embedder | None, str]]:
-    loaded = []
-    for name in names:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="locomo-recall-") as folder:
+        memory = TieredMemory(folder, preset=preset, device=device)
         try:
-            loaded.append((name, resolve_embedder(name), ""))
-        except InvalidInput as error:
-            loaded.append((name, None, "skipped: not installed" if "pip install" in str(error) else f"skipped: {error}"))
-    return loaded
+            started = time.perf_counter()
+            summary = ingest(data_file, memory=memory, namespace="{conversation}", progress=False)
+            ingest_rate = summary.turns_read / (time.perf_counter() - started)
+            embedder = memory.embedder
+            for question in questions[:20]:  # warm-up: caches, the encoder's first calls, a GPU's graph captures
+                embedder.embed_queries([question.text])
+                memory.search(question.text, k=max(KS), namespace=question.conversation)
+            embed_seconds = []
+            for question in questions:
+                t0 = time.perf_counter()
+                embedder.embed_queries([question.text])
+                embed_seconds.append(time.perf_counter() - t0)
+            for staged in stage_settings:
+                retrieved, search_seconds, rules = [], [], {}
+                for question in questions:
+                    t0 = time.perf_counter()
+                    report = memory.search(question.text, k=max(KS), namespace=question.conversation,
+                                           stages=None if staged else False, explain=True)
+                    search_seconds.append(time.perf_counter() - t0)
+                    rules[report.rule] = rules.get(report.rule, 0) + 1
+                    retrieved.append([hit.metadata["dia_id"] for hit in report])
+                table = recall_table(questions, retrieved)
+                rows.append({
+                    "preset": preset, "stages": staged, "embedder": embedder.name, "device": device,
+                    "backend": getattr(embedder, "backend", "-"),
+                    "recall": {group: {str(k): round(v, 2) for k, v in row.items()} for group, row in table.items()},
+                    "ingest_turns_per_s": round(ingest_rate, 1),
+                    "query_embedding": _percentiles(embed_seconds), "text_search": _percentiles(search_seconds),
+                    "rules": rules,
+                })
+        finally:
+            memory.close()
+    return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        label = f"{row['preset']}{'' if row['stages'] else ' (stages off)'}"
+        x, y = row["text_search"]["p50_ms"], row["recall"]["all"]["10"]
+        axes.scatter([x], [y], s=60, marker="o" if row["stages"] else "x")
+        axes.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    axes.axhline(DRAGON[10], color="grey", linestyle="--", linewidth=1)
+    axes.annotate("DRAGON R@10 (paper)", (axes.get_xlim()[0], DRAGON[10]), textcoords="offset points", xytext=(4, 4),
+                  fontsize=8, color="grey")
+    axes.set_xscale("log")
+    axes.set_xlabel("text search p50 (ms, query embedding included; log scale)")
+    axes.set_ylabel("R@10 (%), LoCoMo dev split")
+    axes.set_title(title, fontsize=10)
+    axes.grid(True, alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding locomo_dev.json")
-    parser.add_argument("--embedders", nargs="+", default=["wordllama", "minilm"])
-    parser.add_argument("--templates", nargs="+", default=list(TEMPLATES), help=f"from {list(TEMPLATES)}")
-    parser.add_argument("--context-turns", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--context-weights", nargs="+", default=["0.3", "text"],
-                        help="vector mixing weights, or 'text' to write context into the embedded text")
-    parser.add_argument("--backend", choices=("exact", "tiered"), default="exact")
-    parser.add_argument("--throughput-repeats", type=int, default=3)
-    parser.add_argument("--search", nargs="+", choices=("vector", "hybrid"), default=["vector"],
-                        help="hybrid (BM25 + vector fusion) needs --backend tiered")
-    parser.add_argument("--bm25-weight", type=float, default=None,
-                        help="weight of the BM25 ranking in the hybrid fusion (default: the library's)")
+    parser.add_argument("--presets", nargs="+", default=["quality", "fast"])
+    parser.add_argument("--device", default="cpu", help="the hot tier's device (cpu, cuda)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the stages-off rows")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--png", type=Path, help="draw recall against text-search latency here")
     args = parser.parse_args(argv)
 
     data_file = args.data / DATA_FILE
@@ -154,58 +114,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"skipped: LoCoMo data not found at {data_file} (pass --data FOLDER holding {DATA_FILE})")
         return 0
     questions, stats = load_questions(data_file)
+    machine = f"{platform.node()} ({platform.processor() or platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores)"
     print(f"LoCoMo dev: {len(questions)} questions (categories 1-5) over "
           f"{len({q.conversation for q in questions})} conversations; evidence ids normalised {stats.normalised}, "
-          f"dropped {stats.dropped}, questions without evidence {stats.questions_without_evidence}; "
-          f"backend {args.backend}")
-
-    results: list[dict[str, Any]] = []
-    if "hybrid" in args.search and args.backend != "tiered":
-        parser.error("--search hybrid needs --backend tiered (the BM25 index lives in the cold tier)")
-    if args.bm25_weight is not None:
-        import tiered_recall.storage._search as cold_search
-
-        cold_search.HYBRID_BM25_WEIGHT = args.bm25_weight
-    header = f"{'embedder':<28}{'template':<15}{'ctx':>4}{'mix':>6}{'search':>7}{'R@5':>7}{'R@10':>7}{'R@25':>7}  " + "  ".join(
-        f"c{c} R@10" for c in CATEGORIES)
+          f"dropped {stats.dropped}, questions without evidence {stats.questions_without_evidence}; device {args.device}; "
+          f"{machine}")
+    header = (f"{'preset':<9}{'stages':<7}{'embedder':<27}{'R@5':>6}{'R@10':>6}{'R@25':>6}  "
+              + " ".join(f"c{c}@10" for c in CATEGORIES) + f"{'ingest/s':>10}{'embed p50/p99':>15}{'search p50/p99':>16}")
     print(header)
     print("-" * len(header))
-    for name, embedder, note in load_embedders(args.embedders):
-        if embedder is None:
-            print(f"{name:<28}{note}")
-            results.append({"embedder": name, "note": note})
-            continue
-        for template in args.templates:
-            for context_turns, weight_text in [(c, w) for c in args.context_turns
-                                               for w in (args.context_weights if c else ["-"])]:
-                context_weight = None if weight_text in ("text", "-") else float(weight_text)
-                for mode in args.search:
-                    table, rate = run_config(data_file=data_file, embedder=embedder, template=template,
-                                             context_turns=context_turns, context_weight=context_weight,
-                                             backend=args.backend, questions=questions, hybrid=mode == "hybrid")
-                    overall = table["all"]
-                    print(f"{embedder.name:<28}{template:<15}{context_turns:>4}{weight_text:>6}{mode:>7}"
-                          + "".join(f"{overall[k]:>7.1f}" for k in KS)
-                          + "  " + "  ".join(f"{table.get(str(c), {}).get(10, float('nan')):>7.1f}" for c in CATEGORIES)
-                          + (f"  ingest {rate:,.0f} turns/s end to end" if args.backend == "tiered" else ""))
-                    results.append({"embedder": embedder.name, "template": template, "context_turns": context_turns,
-                                    "context_weight": weight_text, "search": mode, "backend": args.backend,
-                                    "ingest_turns_per_s": round(rate, 1),
-                                    "recall": {group: {str(k): round(v, 2) for k, v in row.items()}
-                                               for group, row in table.items()}})
-    print(f"{'DRAGON (paper, 10 conversations)':<60}" + "".join(f"{DRAGON[k]:>7.1f}" for k in KS))
-
-    throughput = {}
-    for name, embedder, _ in load_embedders(args.embedders[:1]):
-        if embedder is not None:
-            rate = measure_throughput(data_file, embedder, template=DEFAULT_TEMPLATE, repeats=args.throughput_repeats)
-            throughput[embedder.name] = rate
-            print(f"ingest throughput ({embedder.name}, ingest defaults, parse+template+embed+commit "
-                  f"to an in-memory sink): {rate:,.0f} turns/s")
+    rows = []
+    for preset in args.presets:
+        for row in run_preset(preset, data_file=data_file, questions=questions, device=args.device,
+                              stage_settings=[True] if args.no_baseline else [True, False]):
+            rows.append(row)
+            overall = row["recall"]["all"]
+            embed, search = row["query_embedding"], row["text_search"]
+            print(f"{row['preset']:<9}{'on' if row['stages'] else 'off':<7}{row['embedder']:<27}"
+                  + "".join(f"{overall[str(k)]:>6.1f}" for k in KS) + "  "
+                  + " ".join(f"{row['recall'].get(str(c), {}).get('10', float('nan')):>5.1f}" for c in CATEGORIES)
+                  + f"{row['ingest_turns_per_s']:>10,.0f}{embed['p50_ms']:>8.2f}/{embed['p99_ms']:<6.2f}"
+                  + f"{search['p50_ms']:>9.2f}/{search['p99_ms']:<6.2f}", flush=True)
+    print(f"{'DRAGON (paper, 10 conversations)':<43}" + "".join(f"{DRAGON[k]:>6.1f}" for k in KS))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"results": results, "throughput_turns_per_s": throughput,
-                                         "dragon": DRAGON}, indent=2))
+        args.json.write_text(json.dumps({"machine": machine, "device": args.device, "questions": len(questions),
+                                         "rows": rows, "dragon": DRAGON}, indent=2))
+    if args.png:
+        plot(rows, args.png, f"LoCoMo dev recall against latency ({args.device}, {machine})")
     return 0
 
 

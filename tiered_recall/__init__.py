@@ -21,7 +21,8 @@ from .errors import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "TieredMemory", "AsyncTieredMemory", "Hit", "Memory", "SearchReport", "ingest", "IngestSummary",
+    "TieredMemory", "AsyncTieredMemory", "Hit", "Memory", "SearchReport", "Preset", "PRESETS", "Stages", "ingest",
+    "IngestSummary",
     "TieredRecallError", "InvalidInput", "SidecarUnavailable", "IncompatibleLayout", "HotTierFull",
     "SidecarError", "StorageError", "ReadOnlyStore", "__version__",
 ]
@@ -29,7 +30,7 @@ __all__ = [
 
 def __getattr__(name: str):
     # Imported on first use: the hot-tier client and benchmarks stay free of lancedb and wordllama.
-    if name in ("TieredMemory", "AsyncTieredMemory", "Hit", "Memory", "SearchReport"):
+    if name in ("TieredMemory", "AsyncTieredMemory", "Hit", "Memory", "SearchReport", "Preset", "PRESETS", "Stages"):
         from . import coordinator
 
         return getattr(coordinator, name)

@@ -8,6 +8,7 @@ import pytest
 
 from tiered_recall.embedders import (
     CallableEmbedder,
+    E5Embedder,
     Embedder,
     MiniLMEmbedder,
     WordLlamaEmbedder,
@@ -121,13 +122,13 @@ def test_callable_embedder_checks_declared_dim() -> None:
 
 
 def test_resolve_embedder_specs(wordllama: WordLlamaEmbedder) -> None:
-    assert isinstance(resolve_embedder(None), WordLlamaEmbedder)
+    assert isinstance(resolve_embedder(None), E5Embedder)  # the quality preset's
     assert isinstance(resolve_embedder("wordllama"), WordLlamaEmbedder)
     assert resolve_embedder("wordllama:128").dim == 128
     assert resolve_embedder(wordllama) is wordllama
     wrapped = resolve_embedder(lambda texts: np.eye(len(texts), 5))
     assert isinstance(wrapped, CallableEmbedder) and wrapped.dim == 5
-    for bad in ("bert", "wordllama:big", 42):
+    for bad in ("bert", "wordllama:big", "e5:gpu", 42):
         with pytest.raises(InvalidInput):
             resolve_embedder(bad)
 

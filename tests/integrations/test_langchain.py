@@ -296,11 +296,12 @@ def test_documents_persist_and_from_texts_opens_a_store(tmp_path):
 
 
 def test_the_offline_embeddings_find_by_meaning(tmp_path):
-    """TieredRecallEmbeddings (WordLlama, in the wheel): a question finds the document it is about."""
+    """TieredRecallEmbeddings (E5 by default, its weights installed with tiered-recall): a question finds the
+    document it is about."""
     embedding = TieredRecallEmbeddings()
     assert embedding.embed_documents([]) == []
     with TieredRecallVectorStore(embedding, path=tmp_path / "store", device="none") as store:
-        assert store.memory.dim == len(embedding.embed_query("probe")) == 256
+        assert store.memory.dim == len(embedding.embed_query("probe")) == 384
         store.add_texts(["Ana is vegan and never eats meat", "Ana moved to Porto last spring",
                          "Bob plays chess on Sundays"], ids=["diet", "home", "chess"])
         assert store.similarity_search("What food does Ana avoid?", k=1)[0].id == "diet"

@@ -44,6 +44,13 @@ class PlainHelp(typer.core.TyperCommand):
 OPTION_FLAGS = {"device": "--device", "hot_capacity": "--hot-capacity", "read_only": "--read-only"}
 
 
+class PresetName(str, enum.Enum):
+    """The presets --preset takes (tiered_recall/coordinator/presets.py)."""
+
+    quality = "quality"
+    fast = "fast"
+
+
 class Device(str, enum.Enum):
     """--device: where the hot tier runs (TieredMemory's device)."""
 
@@ -68,8 +75,11 @@ STORE = typer.Option(None, "--store", metavar="FOLDER",
                      help="Store folder, made if missing (default: your own store, in the user data folder).")
 DEVICE = typer.Option(Device.auto, "--device", help="Hot tier: auto (CUDA where a GPU and the CUDA build are "
                       "present, else CPU), cpu, cuda, or none.")
-EMBEDDER = typer.Option("wordllama", "--embedder", metavar="NAME",
-                        help="wordllama (default, offline), wordllama:128, wordllama:64 or minilm.")
+EMBEDDER = typer.Option(None, "--embedder", metavar="NAME",
+                        help="The preset's by default (an existing store keeps its own); or e5, wordllama, "
+                             "wordllama:128, wordllama:64, minilm.")
+PRESET = typer.Option(None, "--preset", help="quality (default: E5, BM25 fusion, neighbouring turns) or fast "
+                      "(WordLlama, microsecond embedding); an existing store keeps the one it was made with.")
 HOT_CAPACITY = typer.Option(None, "--hot-capacity", metavar="ROWS", help="Rows in the hot tier when this command "
                             "starts its sidecar (default 100,000; a running one keeps its own).")
 NAMESPACE = typer.Option(None, "--namespace", "-n", metavar="NAME", help="Only this namespace.")
@@ -87,11 +97,12 @@ def main_options(version: bool = typer.Option(False, "--version", callback=_vers
     """A two-tier memory store for LLM agents: a hot tier in a GPU/CPU sidecar over LanceDB on disk."""
 
 
-def _open(store: Path | None, device: Device, embedder: str, hot_capacity: int | None = None,
-          read_only: bool | None = None):
-    from ..coordinator import TieredMemory
+def _open(store: Path | None, device: Device, embedder: str | None, preset: "PresetName | None",
+          hot_capacity: int | None = None, read_only: bool | None = None):
+    from ..coordinator import PRESET_EMBEDDER, TieredMemory
 
-    return TieredMemory(store, device=device.value, embedder=embedder, hot_capacity=hot_capacity,
+    return TieredMemory(store, device=device.value, embedder=PRESET_EMBEDDER if embedder is None else embedder,
+                        preset=None if preset is None else preset.value, hot_capacity=hot_capacity,
                         read_only=read_only, option_names=OPTION_FLAGS)
 
 
@@ -105,7 +116,7 @@ def add(
     metadata: Optional[str] = typer.Option(None, metavar="JSON", help="A JSON object stored with each memory."),
     ids: Optional[List[int]] = typer.Option(None, "--id", metavar="ID",
                                             help="The memory's own id (once per text): an existing id is replaced."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
     hot_capacity: Optional[int] = HOT_CAPACITY,
 ) -> None:
     """Remember TEXT (durable on disk when this returns); prints each memory's id."""
@@ -116,7 +127,7 @@ def add(
     if meta is not None and not isinstance(meta, dict):
         fail("--metadata must be a JSON object, e.g. '{\"source\": \"chat\"}'")
     try:
-        with _open(store, device, embedder, hot_capacity) as memory:
+        with _open(store, device, embedder, preset, hot_capacity) as memory:
             added = memory.add(list(texts), namespace=namespace, session=session, role=role, metadata=meta,
                                ids=list(ids) if ids else None)
     except TieredRecallError as error:
@@ -133,14 +144,14 @@ def search(
     where: Optional[str] = typer.Option(None, metavar="SQL", help="A filter, e.g. \"role = 'user'\"."),
     hybrid: bool = typer.Option(False, "--hybrid", help="Fuse BM25 keyword ranking with the vector ranking."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
     hot_capacity: Optional[int] = HOT_CAPACITY,
     read_only: bool = typer.Option(False, "--read-only", help="Open the store for search only (chosen by itself, "
                                    "with a note, where the folder cannot be written)."),
 ) -> None:
     """Search memories: rank, score, tier (hot or cold), role, text and age of each hit."""
     try:
-        with _open(store, device, embedder, hot_capacity, True if read_only else None) as memory:
+        with _open(store, device, embedder, preset, hot_capacity, True if read_only else None) as memory:
             report = memory.search(query, k=k, namespace=namespace, where=where, hybrid=hybrid, explain=True)
             known = memory.namespaces() if namespace is not None and not report.hits else None
     except TieredRecallError as error:
@@ -157,11 +168,11 @@ def search(
 @app.command(cls=PlainHelp)
 def get(
     ids: List[int] = typer.Argument(..., metavar="ID", help="Memory ids."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
 ) -> None:
     """Print memories by id, as JSON (exit code 1 when an id is not found)."""
     try:
-        with _open(store, device, embedder) as memory:
+        with _open(store, device, embedder, preset) as memory:
             found = memory.get(list(ids))
     except TieredRecallError as error:
         fail(error)
@@ -174,11 +185,11 @@ def get(
 @app.command(cls=PlainHelp)
 def delete(
     ids: List[int] = typer.Argument(..., metavar="ID", help="Memory ids."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
 ) -> None:
     """Forget memories by id, from both tiers; prints how many there were."""
     try:
-        with _open(store, device, embedder) as memory:
+        with _open(store, device, embedder, preset) as memory:
             deleted = memory.delete(list(ids))
     except TieredRecallError as error:
         fail(error)
@@ -188,14 +199,14 @@ def delete(
 @app.command(name="list", cls=PlainHelp)
 def list_namespaces(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
 ) -> None:
     """The store's namespaces: memories in each, and how many the hot tier holds now."""
     from rich.table import Table
     from rich.text import Text
 
     try:
-        with _open(store, device, embedder) as memory:
+        with _open(store, device, embedder, preset) as memory:
             found = memory.namespaces()
     except TieredRecallError as error:
         fail(error)
@@ -216,12 +227,12 @@ def export(
     namespace: Optional[str] = NAMESPACE,
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                           help="Write here instead of to stdout."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
 ) -> None:
     """Every memory as JSON Lines, oldest first: `tiered-recall ingest` reads it back to the same memories (ids,
     namespaces, texts, roles, sessions, times, metadata)."""
     try:
-        with _open(store, device, embedder) as memory, (
+        with _open(store, device, embedder, preset) as memory, (
                 open(output, "w", encoding="utf-8") if output else _stdout()) as out:
             written = 0
             for m in memory.memories(namespace):
@@ -266,7 +277,7 @@ def ingest(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed records instead of stopping."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
     hot_capacity: Optional[int] = HOT_CAPACITY,
 ) -> None:
     """Ingest conversation logs; safe to run again (nothing is added twice) and to stop: Ctrl-C stops at the next
@@ -285,7 +296,7 @@ def ingest(
     previous = signal.signal(signal.SIGINT, on_sigint)
     summary = None
     try:
-        with _open(store, device, embedder, hot_capacity) as memory:
+        with _open(store, device, embedder, preset, hot_capacity) as memory:
             summary = run_ingest(paths, memory=memory, format=format.value, namespace=namespace,
                                  turns_field=turns_field, role_field=role_field, text_field=text_field,
                                  session_field=session_field, time_field=time_field, keep_system=keep_system,
@@ -312,10 +323,11 @@ def ingest(
 
 
 @app.command(cls=PlainHelp)
-def stats(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER) -> None:
+def stats(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+          preset: Optional[PresetName] = PRESET) -> None:
     """Rows per tier, namespaces and the sidecar's counters, as JSON."""
     try:
-        with _open(store, device, embedder) as memory:
+        with _open(store, device, embedder, preset) as memory:
             print_json(memory.stats())
     except TieredRecallError as error:
         fail(error)
@@ -378,7 +390,7 @@ def demo(
 
 
 @app.command(name="mcp", cls=PlainHelp)
-def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: str = EMBEDDER,
+def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
                hot_capacity: Optional[int] = HOT_CAPACITY) -> None:
     """Serve the store to an MCP client (Claude Desktop, an IDE, an agent) over stdin and stdout until the client
     closes it: tools to add, search, get and delete memories and to list namespaces (docs/integrations/mcp.md)."""
@@ -389,7 +401,7 @@ def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder:
             raise  # a part of this package is missing: not what the extra installs
         fail(f"the MCP server needs the mcp package, 2.3 or later ({error}): pip install \"tiered-recall[mcp]\"")
     try:
-        memory = _open(store, device, embedder, hot_capacity)  # opened first: a bad option is a plain error here
+        memory = _open(store, device, embedder, preset, hot_capacity)  # opened first: a bad option is a plain error here
     except TieredRecallError as error:
         fail(error)
     serve(memory)  # closes the store when the client goes

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from .async_memory import AsyncTieredMemory
 from .memory import TieredMemory
+from .presets import DEFAULT_PRESET, PRESET_EMBEDDER, PRESETS, Preset
 from .records import Hit, Memory, SearchReport
+from .stages import Stages
 
-__all__ = ["TieredMemory", "AsyncTieredMemory", "Hit", "Memory", "SearchReport"]
+__all__ = ["TieredMemory", "AsyncTieredMemory", "Hit", "Memory", "SearchReport", "Preset", "PRESETS", "DEFAULT_PRESET",
+           "PRESET_EMBEDDER", "Stages"]

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..embedders import Embedder, resolve_embedder
+from ..embedders import Embedder, resolve_embedder, spec_of_stored_name
 from ..errors import InvalidInput, ReadOnlyStore, SidecarUnavailable, TieredRecallError
 from ..namespaces import namespace_hash, select_namespaces, under_prefix
 from ..policies import Policy, resolve_policy
@@ -25,7 +25,9 @@ from .placement import Placement
 from .expiry import DEFAULT_SWEEP_S, ExpirySweeper, refreshed, sweep_expired
 from .metrics import MetricsRecorder, StoreMetrics, span, tracing
 from .records import EXPIRES_KEY, TTL_KEY, Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, make_memory, memory_of
-from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only
+from .presets import PRESET_EMBEDDER, PRESET_OF_EMBEDDER_NAME, Preset, resolve_preset
+from .stages import Candidate, Stages, fuse, rerank
+from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only, stored_embedder_name
 from .write_lock import StoreWriteLock
 
 DEFAULT_HOT_CAPACITY = 100_000
@@ -53,13 +55,17 @@ class _HotAnswer:
 class TieredMemory:
     """A memory store: a hot tier in a sidecar (GPU or CPU) over a durable LanceDB cold tier.
 
-    TieredMemory(path=None, *, dim=None, embedder="wordllama", hot_capacity=None, device="auto", policy="lru",
-                 hot_capacity_bytes=None, rules=("complete", "bound"), confidence=None, scoring=None,
+    TieredMemory(path=None, *, preset=None, dim=None, embedder=<the preset's>, hot_capacity=None, device="auto",
+                 policy="lru", hot_capacity_bytes=None, rules=("complete", "bound"), confidence=None, scoring=None,
                  read_only=None)
 
-    path: folder of the store (created with mode 0700); None: the user's own store (default_store_path()). dim:
-    vector width; taken from the embedder or the existing store when None. embedder: "wordllama" (default,
-    offline), "minilm", any callable texts -> (n, d) float32, or None to add and search raw vectors only.
+    path: folder of the store (created with mode 0700); None: the user's own store (default_store_path()).
+    preset: "quality" (the default: E5 embeddings, BM25 fusion, neighbouring turns) or "fast" (WordLlama, the same
+    stages), a tiered_recall.Preset, or None (a store's recorded embedder picks its preset, else "quality");
+    docs/recall.md gives their recall and latency. dim: vector width; taken from the embedder or the existing store
+    when None. embedder: the preset's by default (for an existing store, the one it was made with), or "e5",
+    "wordllama", "minilm", an Embedder (embed_queries / embed_passages), any callable texts -> (n, d) float32, or
+    None to add and search raw vectors only.
     hot_capacity: rows the hot tier keeps (None: the running sidecar's, or 100,000 when this process starts it; a
     value that differs from a running sidecar's is logged and reported in stats()["hot_warnings"]);
     hot_capacity_bytes: the same as a byte budget (vector + 24 bytes a row; overrides hot_capacity). policy: "lru",
@@ -77,8 +83,8 @@ class TieredMemory:
     deleted in the background; a search never returns one whatever the sweep has done.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, *, dim: int | None = None,
-                 embedder: Any = "wordllama", hot_capacity: int | None = None, device: str = "auto",
+    def __init__(self, path: str | os.PathLike | None = None, *, preset: str | Preset | None = None,
+                 dim: int | None = None, embedder: Any = PRESET_EMBEDDER, hot_capacity: int | None = None, device: str = "auto",
                  timeout_s: float = 5.0, orphan_grace_s: float = ORPHAN_GRACE_S,
                  policy: str | Policy | None = "lru", hot_capacity_bytes: int | None = None,
                  rules: Sequence[str] = ("complete", "bound"), confidence: float | None = None,
@@ -107,8 +113,13 @@ class TieredMemory:
         if self.read_only and device in ("cpu", "cuda"):
             raise InvalidInput(f"the store at {self.path} is read-only, and a read-only store has no hot tier: "
                                f"open it with {self._opt('device')}='none' (or 'auto'), or writable")
-        self.embedder: Embedder | None = None if embedder is None else resolve_embedder(
-            None if embedder == "wordllama" else embedder)
+        stored = stored_embedder_name(self.path)
+        stored_spec = spec_of_stored_name(stored) if stored else None
+        self.preset = resolve_preset(preset if preset is not None or stored is None else
+                                     PRESET_OF_EMBEDDER_NAME.get(stored))
+        if embedder is PRESET_EMBEDDER:
+            embedder = stored_spec or self.preset.embedder
+        self.embedder: Embedder | None = None if embedder is None else resolve_embedder(embedder)
         self.dim = settle_config(self.path, check.dim(dim), self.embedder, read_only=self.read_only)
         self.device = "none" if self.read_only else device
         if self.device == "cuda":
@@ -195,7 +206,7 @@ class TieredMemory:
         if vectors is None:
             if self.embedder is None:
                 raise InvalidInput("this store has no embedder: pass vectors=... (n, dim) float32")
-            vecs = check.embedded_rows(self.embedder(text_list), n, self.dim)
+            vecs = check.embedded_rows(self.embedder.embed_passages(text_list), n, self.dim)
         else:
             vecs = check.unit_rows(vectors, n, self.dim)
         id_arr = check.new_ids(ids, n, lambda: secrets.randbits(62) + 1)
@@ -365,7 +376,8 @@ class TieredMemory:
 
     def search(self, query: str | np.ndarray, *, k: int = 10, namespace: str | tuple[str, ...] | None = None,
                namespace_prefix: str | Sequence[str] | None = None, where: str | None = None,
-               hybrid: bool = False, explain: bool = False, refresh_ttl: bool = False) -> list[Hit] | SearchReport:
+               hybrid: bool = False, stages: Stages | bool | None = None, explain: bool = False,
+               refresh_ttl: bool = False) -> list[Hit] | SearchReport:
         """The k best memories by cosine similarity (plus the store's Scoring, if any), best first (ties by id);
         each says its tier. Expired memories are never returned.
 
@@ -378,11 +390,23 @@ class TieredMemory:
         rule that decided, scores behind it) instead of the hits. hybrid=True (text queries only): BM25 over the
         memory texts fused with the vector ranking (reciprocal-rank fusion) by the cold tier, which holds the text
         index; hits come in fused order with their cosine scores, tier "cold", rule "hybrid"; the store's Scoring
-        is not applied. refresh_ttl=True starts the time to live of every hit that has one again from now.
+        is not applied. stages (text queries): None runs the preset's retrieval stages (BM25 fusion, neighbouring
+        turns, temporal cues; docs/recall.md) over an exact pool of candidates, False the vector search alone, a
+        Stages those stages; a staged hit's score is the stages' score (best 1), not a cosine. refresh_ttl=True
+        starts the time to live of every hit that has one again from now.
         """
         self._check_open()
         if hybrid and not isinstance(query, str):
             raise InvalidInput("hybrid=True needs a text query (BM25 ranks texts): pass the query text")
+        if stages is not None and not isinstance(stages, (bool, Stages)):
+            raise InvalidInput(f"stages must be None (the preset's), False (vector only) or a Stages, got "
+                               f"{type(stages).__name__}")
+        if isinstance(stages, Stages) and not isinstance(query, str):
+            raise InvalidInput("stages=Stages(...) needs a text query (the stages read texts): pass the query text")
+        chosen = (self.preset.stages if stages is None or stages is True else stages or None) \
+            if isinstance(query, str) and not hybrid else None
+        if chosen is not None and not (chosen.bm25_weight or chosen.reranks):
+            chosen = None
         k = check.k(k)
         if namespace is not None and namespace_prefix is not None:
             raise InvalidInput("pass namespace=... (one namespace) or namespace_prefix=... (every namespace under "
@@ -391,20 +415,22 @@ class TieredMemory:
         prefix = None if namespace_prefix is None else check.namespace(namespace_prefix)
         where = None if where is None else check.where(where)
         if not tracing():  # the usual case: no span to make, nothing to enter
-            hits, answer, seconds = self._search_live(query, k, namespace, prefix, where, hybrid, refresh_ttl)
+            hits, answer, seconds = self._search_live(query, k, namespace, prefix, where, hybrid, refresh_ttl, chosen)
         else:
             with span("tiered_recall.search", k=k, namespace=namespace or prefix or "", hybrid=hybrid) as traced:
-                hits, answer, seconds = self._search_live(query, k, namespace, prefix, where, hybrid, refresh_ttl)
+                hits, answer, seconds = self._search_live(query, k, namespace, prefix, where, hybrid, refresh_ttl,
+                                                          chosen)
                 if traced is not None:
                     traced.set_attribute("rule", answer.rule)
                     traced.set_attribute("path", answer.path)
                     traced.set_attribute("hits", len(hits))
         if explain:
-            return SearchReport(hits, answer.rule, answer.path, answer.hot_kth, answer.cold_bound, seconds)
+            return SearchReport(hits, answer.rule, answer.path, answer.hot_kth, answer.cold_bound, seconds, chosen)
         return hits
 
     def _search_live(self, query: Any, k: int, namespace: str | None, prefix: str | None, where: str | None,
-                     hybrid: bool, refresh_ttl: bool) -> tuple[list[Hit], R.Answer, float]:
+                     hybrid: bool, refresh_ttl: bool, stages: Stages | None = None
+                     ) -> tuple[list[Hit], R.Answer, float]:
         """The k best live memories (expired ones stepped over by searching deeper), the answer that decided them,
         and the seconds it took; recorded in the store's metrics."""
         t0 = time.perf_counter()
@@ -412,8 +438,12 @@ class TieredMemory:
         text = query if hybrid else None
         fetch = k
         while True:
-            answer = self._search_one(q, fetch, namespace, where) if prefix is None and text is None else \
-                self._search_scope(q, text, fetch, namespace, prefix, where)
+            if stages is not None:
+                answer = self._search_staged(q, query, fetch, namespace, prefix, where, stages)
+            elif prefix is None and text is None:
+                answer = self._search_one(q, fetch, namespace, where)
+            else:
+                answer = self._search_scope(q, text, fetch, namespace, prefix, where)
             now_us = time.time_ns() // 1000
             expired = [h.id for h in answer.hits if h.expires_at is not None and
                        h.expires_at.timestamp() * 1e6 <= now_us]
@@ -461,6 +491,36 @@ class TieredMemory:
         return self._search_hybrid(q, text, k, None, scoped) if text is not None else \
             self._search_one(q, k, None, scoped)
 
+    def _search_staged(self, q: np.ndarray, text: str, k: int, namespace: str | None, prefix: str | None,
+                       where: str | None, stages: Stages) -> R.Answer:
+        """The retrieval stages over an exact pool: the tiered vector search's best `pool` (the skip rules hold for
+        it), fused with the cold tier's BM25 ranking when the stages ask, then re-ranked (coordinator/stages.py)."""
+        depth = max(stages.pool, k)
+        vector = self._search_scope(q, None, depth, namespace, prefix, where)
+        tier_of = {hit.id: hit.tier for hit in vector.hits}
+        if stages.bm25_weight:
+            scoped = where
+            if prefix is not None:
+                names = sorted(n for n in self.cold.namespace_counts() if under_prefix(n, prefix))
+                listed = "namespace IN (" + ", ".join(R.sql_string(n) for n in names) + ")" if names else "false"
+                scoped = listed if where is None else f"({where}) AND {listed}"
+            keyword_ids, _ = self.cold.text_search(text, k=depth, namespace=namespace, where=scoped)
+            fused = fuse([hit.id for hit in vector.hits], keyword_ids.tolist(), stages.bm25_weight)
+            ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
+            with self._lock:
+                found = self._cache.lookup(i for i, _ in ranked)
+            now_us = time.time_ns() // 1000
+            pool = [(found[i], score) for i, score in ranked
+                    if i in found and not found[i].expired(now_us)]
+        else:
+            by_id = {hit.id: hit for hit in vector.hits}
+            pool = [(by_id[hit.id], hit.score) for hit in vector.hits[:depth]]
+        candidates = [Candidate(m.id, score, m.text, m.session, m.metadata) for m, score in pool]
+        memories = {m.id: m for m, _ in pool}
+        hits = [hit_of(memories[c.id], score, tier_of.get(c.id, "cold"))
+                for c, score in rerank(candidates, text, k, stages)]
+        return R.Answer(hits, vector.rule, vector.path, vector.hot_kth, vector.cold_bound)
+
     def _search_one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None) -> R.Answer:
         """The tiered search of one scope (a namespace, or all): the hot tier, the skip rules, the cold tier when
         no rule proves the hot answer exact, the merge and the ranking."""
@@ -492,7 +552,7 @@ class TieredMemory:
     def _query_vector(self, query: Any) -> np.ndarray:
         if isinstance(query, str):
             text = check.query_text(query, self.embedder is not None)
-            return check.embedded_rows(self.embedder([text]), 1, self.dim)[0]
+            return check.embedded_rows(self.embedder.embed_queries([text]), 1, self.dim)[0]
         return check.unit_query(query, self.dim)
 
     def _search_hybrid(self, q: np.ndarray, text: str, k: int, namespace: str | None,

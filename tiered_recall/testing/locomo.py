@@ -6,10 +6,15 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+DATA_FILE = "locomo_dev.json"
+# Where a checkout finds the dev split: ../shared/data/locomo beside the repository (its README).
+DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo"
 KS = (5, 10, 25)
 CATEGORIES = (1, 2, 3, 4, 5)
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -92,3 +97,34 @@ def recall_table(questions: list[Question], retrieved: list[list[str]]) -> dict[
             for k in KS:
                 sums[group][k] += len(question.evidence & set(ranking[:k])) / len(question.evidence)
     return {group: {k: 100 * sums[group][k] / counts[group] for k in KS} for group in sums}
+
+
+@dataclass
+class _StoredTurn:
+    id: int
+    text: str
+    namespace: str
+    metadata: dict[str, Any]
+
+
+@dataclass
+class ExactSearchSink:
+    """An ingest target that keeps what ingest writes (per namespace) in memory: benchmarks/locomo_tune.py sweeps the
+    retrieval stages over it without a store."""
+
+    embedder: Any  # an Embedder: embeds what ingest hands over without vectors
+    records: dict[int, _StoredTurn] = field(default_factory=dict)
+    vectors: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def add(self, texts, *, vectors=None, namespace, ids=None, session=None, role=None, metadata=None, created_at=None):
+        """Keeps the texts, their metadata and vectors (embedded as passages when none come), as TieredMemory.add."""
+        if vectors is None:
+            vectors = self.embedder.embed_passages(texts)
+        for row, (memory_id, text) in enumerate(zip(ids, texts)):
+            self.records[memory_id] = _StoredTurn(memory_id, text, namespace, dict(metadata[row] or {}))
+            self.vectors[memory_id] = vectors[row]
+        return list(ids)
+
+    def get(self, ids):
+        """The kept turns of these ids (None for an unknown one), as TieredMemory.get."""
+        return [self.records.get(i) for i in ids]

@@ -1,0 +1,75 @@
+"""The retrieval stages (coordinator/stages.py) on hand-made pools: fusion, neighbouring turns, temporal cues, the
+session spread, and the checks on their weights."""
+from __future__ import annotations
+
+import pytest
+
+from tiered_recall.coordinator.stages import Candidate, Stages, fuse, rerank
+from tiered_recall.errors import InvalidInput
+
+
+def turn(memory_id: int, score: float, index: int, *, text: str = "something", session: str = "s1",
+         conversation: str = "c") -> Candidate:
+    return Candidate(memory_id, score, text, session, {"turn_index": index, "conversation_key": conversation})
+
+
+def ids(ranked) -> list[int]:
+    return [candidate.id for candidate, _ in ranked]
+
+
+def test_fuse_is_reciprocal_rank_with_the_keyword_weight() -> None:
+    fused = fuse([1, 2], [2, 3], 0.5)
+    assert fused[1] == pytest.approx(1 / 61)
+    assert fused[2] == pytest.approx(1 / 62 + 0.5 / 61)
+    assert fused[3] == pytest.approx(0.5 / 62)
+
+
+def test_no_stage_keeps_the_pools_order() -> None:
+    pool = [turn(5, 0.9, 0), turn(3, 0.8, 7), turn(4, 0.8, 9)]
+    assert ids(rerank(pool, "anything", 3, Stages())) == [5, 3, 4]
+
+
+def test_a_turn_next_to_a_strong_one_rises() -> None:
+    # 2 follows the best turn 1; 3 scores a little higher alone but has no pooled neighbour
+    pool = [turn(1, 1.0, 10), turn(3, 0.62, 40), turn(2, 0.6, 11), turn(4, 0.0, 70)]
+    assert ids(rerank(pool, "q", 4, Stages()))[:3] == [1, 3, 2]
+    assert ids(rerank(pool, "q", 4, Stages(neighbour_weight=0.2)))[:3] == [1, 2, 3]
+
+
+def test_neighbours_are_within_one_conversation() -> None:
+    pool = [turn(1, 1.0, 10, conversation="a"), turn(3, 0.62, 40), turn(2, 0.6, 11, conversation="b"),
+            turn(4, 0.0, 70)]
+    assert ids(rerank(pool, "q", 4, Stages(neighbour_weight=0.2)))[:3] == [1, 3, 2]
+
+
+def test_temporal_cue_only_for_a_question_asking_when() -> None:
+    pool = [turn(1, 1.0, 0, text="I love painting"), turn(2, 0.95, 5, text="I went there last week"),
+            turn(3, 0.0, 9)]
+    stages = Stages(temporal_weight=0.1)
+    assert ids(rerank(pool, "When did she go?", 3, stages))[:2] == [2, 1]
+    assert ids(rerank(pool, "What does she love?", 3, stages))[:2] == [1, 2]
+
+
+def test_session_spread_charges_repeats_of_a_session() -> None:
+    pool = [turn(1, 1.0, 0, session="a"), turn(2, 0.95, 3, session="a"), turn(3, 0.9, 8, session="b"),
+            turn(4, 0.0, 20, session="c")]
+    assert ids(rerank(pool, "q", 3, Stages())) == [1, 2, 3]
+    assert ids(rerank(pool, "q", 3, Stages(session_spread=0.2))) == [1, 3, 2]
+
+
+def test_scores_are_the_pools_scaled_to_one_plus_the_stages() -> None:
+    pool = [turn(1, 0.9, 0), turn(2, 0.7, 1), turn(3, 0.5, 9)]
+    ranked = rerank(pool, "q", 3, Stages(neighbour_weight=0.5))
+    assert [round(score, 3) for _, score in ranked] == [1.25, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("options, fix", [
+    ({"neighbour_weight": -1}, "neighbour_weight must be a number from 0 to 10"),
+    ({"temporal_weight": "high"}, "temporal_weight must be a number"),
+    ({"bm25_weight": 0}, "bm25_weight must be None or a number in"),
+    ({"pool": 0}, "pool must be an int from 1"),
+    ({"session_spread": True}, "session_spread must be a number"),
+])
+def test_bad_weights_name_the_fix(options, fix: str) -> None:
+    with pytest.raises(InvalidInput, match=fix):
+        Stages(**options)

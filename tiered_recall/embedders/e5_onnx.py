@@ -1,0 +1,117 @@
+"""Runs the E5 encoder on the CPU through onnxruntime: the graph is built in memory from the shipped weights, with
+int8 weights (one scale per output column) and int8 activations quantized per call (DynamicQuantizeMatMul)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import InvalidInput
+from .e5_weights import E5_INSTALL_HINT, E5Weights
+
+OPSET = 17
+
+
+def _import_runtime():
+    # onnxruntime's Linux builds carry a telemetry client that writes a session file into the temporary folder at
+    # import; a storage library has no business reporting anything, so it is off unless the user turned it on.
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as error:
+        raise InvalidInput(f"the E5 embedder's CPU backend needs {error.name}, which is not installed; {E5_INSTALL_HINT}"
+                           ) from None
+    if os.environ["ORT_DISABLE_TELEMETRY"] == "1":
+        onnxruntime.disable_telemetry_events()  # for an application that imported onnxruntime before this
+    return onnx, onnxruntime
+
+
+def _int8_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(out, in) float32 -> (in, out) int8 and one scale per output column: symmetric, so zero is exact."""
+    scale = np.abs(weight).max(axis=1) / 127.0
+    scale[scale == 0] = 1.0
+    quantized = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
+    return np.ascontiguousarray(quantized.T), scale.astype(np.float32)
+
+
+def build_graph(weights: E5Weights):
+    """The encoder as an ONNX model: inputs `embeddings` (batch, tokens, hidden) float32 (word + position + type,
+    before the embedding LayerNorm) and `mask` (batch, tokens) int32; output `summed`, the masked sum of the last
+    hidden states (mean pooling divides by the token count outside)."""
+    onnx, _ = _import_runtime()
+    from onnx import TensorProto, helper, numpy_helper
+
+    hidden, ffn, heads = weights.hidden, weights.ffn, weights.heads
+    initializers, nodes = [], []
+
+    def constant(name: str, value: np.ndarray) -> str:
+        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def linear(source: str, weight: np.ndarray, bias: np.ndarray, out: str) -> str:
+        quantized, scale = _int8_columns(weight)
+        nodes.append(helper.make_node(
+            "DynamicQuantizeMatMul",
+            [source, constant(f"{out}.w", quantized), constant(f"{out}.scale", scale),
+             constant(f"{out}.zero", np.zeros(scale.shape, np.int8)), constant(f"{out}.b", np.asarray(bias, np.float32))],
+            [out], domain="com.microsoft"))
+        return out
+
+    def norm_with_residual(source: str, residual: str, prefix: str, out: str) -> str:
+        nodes.append(helper.make_node(
+            "SkipLayerNormalization",
+            [source, residual, constant(f"{out}.g", weights.f32(f"{prefix}.w")), constant(f"{out}.beta", weights.f32(f"{prefix}.b"))],
+            [out], domain="com.microsoft", epsilon=weights.eps))
+        return out
+
+    nodes.append(helper.make_node("LayerNormalization", ["embeddings", constant("emb.ln.w", weights.f32("emb.ln.w")),
+                                                         constant("emb.ln.b", weights.f32("emb.ln.b"))],
+                                  ["x0"], axis=-1, epsilon=weights.eps))
+    x = "x0"
+    for layer in range(weights.layers):
+        p = f"l{layer}"
+        qkv_weight = np.concatenate([weights.matrix(f"{p}.{m}.w", hidden) for m in "qkv"])
+        qkv_bias = np.concatenate([weights.f32(f"{p}.{m}.b") for m in "qkv"])
+        qkv = linear(x, qkv_weight, qkv_bias, f"{p}.qkv")
+        nodes.append(helper.make_node("Split", [qkv, constant(f"{p}.split", np.array([hidden] * 3, np.int64))],
+                                      [f"{p}.q", f"{p}.k", f"{p}.v"], axis=-1))
+        nodes.append(helper.make_node("MultiHeadAttention", [f"{p}.q", f"{p}.k", f"{p}.v", "", "mask"], [f"{p}.ctx"],
+                                      domain="com.microsoft", num_heads=heads))
+        attended = linear(f"{p}.ctx", weights.matrix(f"{p}.ao.w", hidden), weights.f32(f"{p}.ao.b"), f"{p}.ao")
+        x1 = norm_with_residual(attended, x, f"{p}.aln", f"{p}.x1")
+        inner = linear(x1, weights.matrix(f"{p}.fi.w", ffn), weights.f32(f"{p}.fi.b"), f"{p}.fi")
+        nodes.append(helper.make_node("Gelu", [inner], [f"{p}.gelu"], domain="com.microsoft"))
+        outer = linear(f"{p}.gelu", weights.matrix(f"{p}.fo.w", hidden), weights.f32(f"{p}.fo.b"), f"{p}.fo")
+        x = norm_with_residual(outer, x1, f"{p}.oln", f"{p}.x2")
+    nodes.append(helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT))
+    nodes.append(helper.make_node("Unsqueeze", ["mask_f", constant("last_axis", np.array([-1], np.int64))], ["mask_3d"]))
+    nodes.append(helper.make_node("Mul", [x, "mask_3d"], ["masked"]))
+    nodes.append(helper.make_node("ReduceSum", ["masked", constant("token_axis", np.array([1], np.int64))], ["summed"],
+                                  keepdims=0))
+    graph = helper.make_graph(
+        nodes, "multilingual-e5-small",
+        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", "tokens", hidden]),
+         helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", "tokens"])],
+        [helper.make_tensor_value_info("summed", TensorProto.FLOAT, ["batch", hidden])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+
+
+class OnnxEncoder:
+    """The encoder in an onnxruntime session on the CPU; `threads` intra-op threads (default: every core this
+    process may use)."""
+
+    def __init__(self, weights: E5Weights, *, threads: int | None = None) -> None:
+        _, onnxruntime = _import_runtime()
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # onnxruntime's warnings go to stderr, past the application's logging
+        self.threads = options.intra_op_num_threads
+        self._session = onnxruntime.InferenceSession(build_graph(weights).SerializeToString(), options,
+                                                     providers=["CPUExecutionProvider"])
+
+    def summed(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """(batch, hidden) masked sums of the last hidden states."""
+        (summed,) = self._session.run(None, {"embeddings": embeddings, "mask": mask})
+        return summed
