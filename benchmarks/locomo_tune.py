@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiered_recall.coordinator.stages import Candidate, Stages, fuse, rerank
+from tiered_recall.coordinator.stages import RRF_DEPTH, Candidate, Stages, fuse, rerank
 from tiered_recall.embedders import resolve_embedder
 from tiered_recall.ingest import ingest
 from tiered_recall.storage._bm25 import Bm25Index
@@ -50,6 +50,7 @@ def evaluate(sink: ExactSearchSink, questions, pools, stages: Stages) -> dict:
     k_max = max(KS)
     retrieved = []
     for question, (vector_ids, cosine, bm25_ids) in zip(questions, pools):
+        vector_ids, bm25_ids = vector_ids[: max(stages.depth, stages.pool)], bm25_ids[: stages.depth]
         if stages.bm25_weight is None:
             ranked = [(i, cosine[i]) for i in vector_ids[: max(stages.pool, k_max)]]
         else:
@@ -74,6 +75,7 @@ def main() -> int:
     parser.add_argument("--temporal", nargs="+", type=float, default=[0.0])
     parser.add_argument("--spread", nargs="+", type=float, default=[0.0])
     parser.add_argument("--pool", nargs="+", type=int, default=[50])
+    parser.add_argument("--depth", nargs="+", type=int, default=[RRF_DEPTH], help="how deep each ranking is fused")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     data_file = args.data / DATA_FILE
@@ -82,25 +84,26 @@ def main() -> int:
         return 0
     questions, _ = load_questions(data_file)
     embedder = resolve_embedder(args.embedder)
-    query_vectors = embedder.embed_queries([q.text for q in questions])
+    # one query at a time, as a search embeds it (int8 activations are quantized per batch: a batch would differ)
+    query_vectors = np.concatenate([embedder.embed_queries([q.text]) for q in questions])
     rows = []
-    print(f"{'ctx w':>6}{'bm25':>6}{'nbr':>6}{'temp':>6}{'sprd':>6}{'pool':>6}{'R@5':>7}{'R@10':>7}{'R@25':>7}   R@10 by category")
+    print(f"{'ctx w':>6}{'bm25':>6}{'nbr':>6}{'temp':>6}{'sprd':>6}{'pool':>6}{'dpth':>6}{'R@5':>7}{'R@10':>7}{'R@25':>7}   R@10 by category")
     for weight in args.context_weights:
         sink = ExactSearchSink(embedder)
         ingest(data_file, memory=sink, namespace="{conversation}", template=args.template,
                context_turns=args.context_turns, context_weight=weight if args.context_turns else None, progress=False)
-        pools = pools_for(sink, questions, query_vectors, depth=100)
-        for bm25, neighbour, temporal, spread, pool in itertools.product(args.bm25, args.neighbour, args.temporal,
-                                                                         args.spread, args.pool):
+        pools = pools_for(sink, questions, query_vectors, depth=max(args.depth))
+        for bm25, neighbour, temporal, spread, pool, depth in itertools.product(
+                args.bm25, args.neighbour, args.temporal, args.spread, args.pool, args.depth):
             stages = Stages(bm25_weight=bm25 or None, neighbour_weight=neighbour, temporal_weight=temporal,
-                            session_spread=spread, pool=pool)
+                            session_spread=spread, pool=pool, depth=depth)
             table = evaluate(sink, questions, pools, stages)
             row = table["all"]
-            print(f"{weight:>6}{bm25:>6}{neighbour:>6}{temporal:>6}{spread:>6}{pool:>6}"
+            print(f"{weight:>6}{bm25:>6}{neighbour:>6}{temporal:>6}{spread:>6}{pool:>6}{depth:>6}"
                   + "".join(f"{row[k]:>7.1f}" for k in KS) + "   "
                   + " ".join(f"c{c} {table[str(c)][10]:.1f}" for c in range(1, 6)), flush=True)
             rows.append({"context_weight": weight, "bm25_weight": bm25, "neighbour_weight": neighbour,
-                         "temporal_weight": temporal, "session_spread": spread, "pool": pool,
+                         "temporal_weight": temporal, "session_spread": spread, "pool": pool, "depth": depth,
                          "recall": {g: {str(k): round(v, 2) for k, v in r.items()} for g, r in table.items()}})
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

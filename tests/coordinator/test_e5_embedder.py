@@ -90,3 +90,16 @@ def test_resolve_names_and_two_sided_objects(e5: E5Embedder) -> None:
     np.testing.assert_allclose(wrapped.embed_queries(["q"]), [[0, 1, 0]])  # checked and normalised
     np.testing.assert_allclose(wrapped.embed_passages(["p"]), [[1, 0, 0]])
     assert wrapped.name == "two-sided"
+
+
+@pytest.mark.gpu
+def test_the_torch_backend_on_the_gpu_gives_onnxruntimes_vectors(e5: E5Embedder) -> None:
+    """float16 on the GPU against int8 on the CPU, one query (a replayed CUDA graph) and a batch."""
+    pytest.importorskip("torch")
+    gpu = E5Embedder(backend="torch", device="cuda")
+    assert gpu.device == "cuda"
+    for _ in range(2):  # the second call replays the graph the first captured
+        cosine = (gpu.embed_queries(QUESTIONS[:1]) * e5.embed_queries(QUESTIONS[:1])).sum()
+        assert cosine > 0.99
+    assert ((gpu.embed_passages(TEXTS) * e5.embed_passages(TEXTS)).sum(axis=1) > 0.99).all()
+    assert ((gpu.embed_queries(QUESTIONS) * e5.embed_queries(QUESTIONS)).sum(axis=1) > 0.99).all()

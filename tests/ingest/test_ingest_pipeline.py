@@ -98,8 +98,9 @@ def test_context_mixed_as_vectors(memory: FakeMemory) -> None:
     ingest(FIXTURES / "locomo_mini.json", memory=memory, progress=False, template="said", context_turns=1,
            context_weight=0.5)
     first, second, third = memory.records.values()
+    # the context is the previous turn as the template writes it: the vector that turn was stored with
     turn, previous = memory.embedder(['Bo said, "Nice! Show me what you made. [shares a photo of a blue ceramic bowl]"',
-                                      "I started pottery classes on Tuesday."])
+                                      'Ada said, "I started pottery classes on Tuesday."'])
     expected = (turn + 0.5 * previous) / np.linalg.norm(turn + 0.5 * previous)
     np.testing.assert_allclose(second.vector, expected, atol=1e-5)
     np.testing.assert_allclose(first.vector, memory.embedder(['Ada said, "I started pottery classes on Tuesday."'])[0],

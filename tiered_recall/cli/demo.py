@@ -40,7 +40,7 @@ def _embedding_time(memory, query: str) -> tuple[float, object]:
     times = []
     for _ in range(REPEATS):
         t0 = time.perf_counter()
-        vector = memory.embedder([query])[0]
+        vector = memory.embedder.embed_queries([query])[0]
         times.append(time.perf_counter() - t0)
     return statistics.median(times), vector
 

@@ -89,8 +89,9 @@ class HotLink:
 
     def __init__(self, path: Path, *, dim: int, device: str, capacity: int, requested_capacity: int | None,
                  timeout_s: float, orphan_grace_s: float, cold, placement: Placement, write_lock: StoreWriteLock,
-                 cache, moves: Counter, option) -> None:
+                 cache, moves: Counter, option, idle_spin_us: int | None = None) -> None:
         self.path, self.dim, self.device = path, dim, device
+        self.idle_spin_us = idle_spin_us  # for a sidecar this process starts; None: the sidecar's default
         self.capacity, self.requested_capacity = capacity, requested_capacity
         self.timeout_s, self.orphan_grace_s = timeout_s, orphan_grace_s
         self.cold, self.placement, self.write_lock, self.cache, self.moves = cold, placement, write_lock, cache, moves
@@ -151,7 +152,7 @@ class HotLink:
                 try:
                     start_sidecar(self.sidecar_name, dim=self.dim, capacity=self.capacity,
                                   backend=backend_for(self.device), exit_when_orphaned_s=self.orphan_grace_s,
-                                  detach=True)
+                                  idle_spin_us=self.idle_spin_us, detach=True)
                 except SidecarUnavailable as exc:
                     self.start_failed = str(exc)
                     raise

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..embedders import Embedder, resolve_embedder, spec_of_stored_name
+from ..embedders import E5Embedder, Embedder, resolve_embedder, spec_of_stored_name
 from ..errors import InvalidInput, ReadOnlyStore, SidecarUnavailable, TieredRecallError
 from ..namespaces import namespace_hash, select_namespaces, under_prefix
 from ..policies import Policy, resolve_policy
@@ -38,6 +38,11 @@ API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_on
 # A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
 # answers; over more it is one cold-tier search filtered to the namespaces (docs/frameworks.md gives the figures).
 PREFIX_FANOUT_MAX = 64
+# A sidecar polls for a while after each answer (its --idle-spin-us), betting that the next search follows at once.
+# Beside E5, whose query takes milliseconds on the same cores (onnxruntime) or the same GPU (torch: the persistent
+# kernel holds every SM while it polls), that polling only delays the next query's embedding, so a sidecar started
+# for an E5 store sleeps as soon as it has answered (docs/recall.md has the figures).
+SIDECAR_SPIN_BESIDE_E5_US = 0
 
 
 @dataclass
@@ -138,7 +143,8 @@ class TieredMemory:
         self._link = HotLink(self.path, dim=self.dim, device=self.device, capacity=self.hot_capacity,
                              requested_capacity=requested, timeout_s=timeout_s, orphan_grace_s=orphan_grace_s,
                              cold=self.cold, placement=self._placement, write_lock=self._write_lock,
-                             cache=self._cache, moves=self._moves, option=self._opt)
+                             cache=self._cache, moves=self._moves, option=self._opt,
+                             idle_spin_us=SIDECAR_SPIN_BESIDE_E5_US if isinstance(self.embedder, E5Embedder) else None)
         self.sidecar_name = self._link.sidecar_name
         self._stats, self._rule_stats = PathStats(), PathStats()
         self._closed = False
@@ -496,7 +502,8 @@ class TieredMemory:
         """The retrieval stages over an exact pool: the tiered vector search's best `pool` (the skip rules hold for
         it), fused with the cold tier's BM25 ranking when the stages ask, then re-ranked (coordinator/stages.py)."""
         depth = max(stages.pool, k)
-        vector = self._search_scope(q, None, depth, namespace, prefix, where)
+        ranking_depth = max(stages.depth, depth) if stages.bm25_weight else depth  # fused this deep, then pooled
+        vector = self._search_scope(q, None, ranking_depth, namespace, prefix, where)
         tier_of = {hit.id: hit.tier for hit in vector.hits}
         if stages.bm25_weight:
             scoped = where
@@ -504,7 +511,7 @@ class TieredMemory:
                 names = sorted(n for n in self.cold.namespace_counts() if under_prefix(n, prefix))
                 listed = "namespace IN (" + ", ".join(R.sql_string(n) for n in names) + ")" if names else "false"
                 scoped = listed if where is None else f"({where}) AND {listed}"
-            keyword_ids, _ = self.cold.text_search(text, k=depth, namespace=namespace, where=scoped)
+            keyword_ids, _ = self.cold.text_search(text, k=ranking_depth, namespace=namespace, where=scoped)
             fused = fuse([hit.id for hit in vector.hits], keyword_ids.tolist(), stages.bm25_weight)
             ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
             with self._lock:

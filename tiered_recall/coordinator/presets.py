@@ -23,10 +23,10 @@ PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
         Preset("quality", "e5",
-               Stages(bm25_weight=0.3, neighbour_weight=0.2, temporal_weight=0.1, pool=50),
+               Stages(bm25_weight=0.3, neighbour_weight=0.3, temporal_weight=0.1, pool=50),
                "multilingual-e5-small (int8 on the CPU, float16 on a GPU) with BM25 fusion and neighbouring turns"),
         Preset("fast", "wordllama",
-               Stages(bm25_weight=0.6, neighbour_weight=0.4, temporal_weight=0.1, pool=50),
+               Stages(bm25_weight=1.0, neighbour_weight=0.4, temporal_weight=0.1, pool=50, depth=100),
                "WordLlama static embeddings (microseconds a query) with BM25 fusion and neighbouring turns"),
     )
 }

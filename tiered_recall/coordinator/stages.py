@@ -6,6 +6,7 @@ vector ranking, the cold tier's BM25 index is exact), so the re-ranked answer is
 (docs/recall.md)."""
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -19,6 +20,11 @@ from ..errors import InvalidInput
 TURN_INDEX_KEY = "turn_index"  # metadata that ingest writes: a turn's place in its conversation
 CONVERSATION_KEY = "conversation_key"
 RRF_C = 60.0  # reciprocal-rank fusion's constant, as the cold tier's hybrid search uses
+# How deep each ranking is read before fusion, by default: 64 is the largest k the CUDA hot tier answers on its
+# batched, persistent-kernel path (TR_BQ_MAX_K in native/src/cuda/params.cuh); a deeper vector ranking takes the
+# per-query kernel there, several times slower.
+RRF_DEPTH = 64
+DEPTH_MAX = 1000
 POOL_MAX = 1000
 # A question asking for a time, and a turn that carries one (relative days, weekdays, months, years).
 _TEMPORAL_QUESTION = re.compile(r"\b(when|what (year|month|date|day|time)|how long|which (year|month|day))\b", re.I)
@@ -40,6 +46,7 @@ class Stages:
     session_spread: each candidate already ranked from the same session costs this much.
     Weights are on the pool's scores scaled to [0, 1] (best 1, worst 0).
     pool: how many exact candidates the stages re-rank (at least k).
+    depth: with BM25 fusion, how deep the vector and BM25 rankings are read before they are fused.
     """
 
     bm25_weight: float | None = None
@@ -47,6 +54,7 @@ class Stages:
     temporal_weight: float = 0.0
     session_spread: float = 0.0
     pool: int = 50
+    depth: int = RRF_DEPTH
 
     def __post_init__(self) -> None:
         for name in ("neighbour_weight", "temporal_weight", "session_spread"):
@@ -58,6 +66,8 @@ class Stages:
             raise InvalidInput(f"Stages.bm25_weight must be None or a number in (0, 10], got {self.bm25_weight!r}")
         if isinstance(self.pool, bool) or not isinstance(self.pool, int) or not 1 <= self.pool <= POOL_MAX:
             raise InvalidInput(f"Stages.pool must be an int from 1 to {POOL_MAX}, got {self.pool!r}")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or not 1 <= self.depth <= DEPTH_MAX:
+            raise InvalidInput(f"Stages.depth must be an int from 1 to {DEPTH_MAX}, got {self.depth!r}")
 
     @property
     def reranks(self) -> bool:
@@ -100,12 +110,18 @@ def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -
     if stages.neighbour_weight:
         adjusted += stages.neighbour_weight * _best_neighbour_scores(pool, scores)
     if stages.temporal_weight and _TEMPORAL_QUESTION.search(query_text):
-        timed = np.array([bool(_TIME_WORDS.search(candidate.text)) for candidate in pool])
+        timed = np.array([names_a_time(candidate.text) for candidate in pool])
         adjusted += stages.temporal_weight * timed
     if not stages.session_spread:
         order = np.lexsort((np.arange(len(pool)), -adjusted))[:k]
         return [(pool[i], float(adjusted[i])) for i in order]
     return _spread_over_sessions(pool, adjusted, k, stages.session_spread)
+
+
+@functools.lru_cache(maxsize=65536)  # the same memories come back search after search
+def names_a_time(text: str) -> bool:
+    """Whether a memory's text names a time (a relative day, a weekday, a month, a year)."""
+    return _TIME_WORDS.search(text) is not None
 
 
 def _best_neighbour_scores(pool: Sequence[Candidate], scores: np.ndarray) -> np.ndarray:

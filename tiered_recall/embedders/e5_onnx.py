@@ -10,6 +10,10 @@ from ..errors import InvalidInput
 from .e5_weights import E5_INSTALL_HINT, E5Weights
 
 OPSET = 17
+# The IR version the graph declares: the onnx package writes its newest by default, which an older onnxruntime
+# refuses ("Unsupported model IR version"); 8 is what opset 17 needs, read by every onnxruntime this supports.
+IR_VERSION = 8
+FEW_TOKENS = 256  # a forward pass over at most this many tokens (batch x length) runs on the query session
 
 
 def _import_runtime():
@@ -94,24 +98,31 @@ def build_graph(weights: E5Weights):
         [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", "tokens", hidden]),
          helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", "tokens"])],
         [helper.make_tensor_value_info("summed", TensorProto.FLOAT, ["batch", hidden])], initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(graph, ir_version=IR_VERSION,
+                             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
 
 
 class OnnxEncoder:
-    """The encoder in an onnxruntime session on the CPU; `threads` intra-op threads (default: every core this
-    process may use)."""
+    """The encoder in two onnxruntime sessions on the CPU, which share nothing but the graph: one for a few texts
+    (a query) on one core fewer than this process may use, at most four (a CPU hot tier's sidecar polls on a core
+    right after it answers, and one query's small matrices gain little from more threads), and one for batches on
+    every core, at most eight. `threads` sets both."""
 
     def __init__(self, weights: E5Weights, *, threads: int | None = None) -> None:
         _, onnxruntime = _import_runtime()
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3  # onnxruntime's warnings go to stderr, past the application's logging
-        self.threads = options.intra_op_num_threads
-        self._session = onnxruntime.InferenceSession(build_graph(weights).SerializeToString(), options,
-                                                     providers=["CPUExecutionProvider"])
+        cores = len(os.sched_getaffinity(0))
+        model = build_graph(weights).SerializeToString()
+        self.threads = (threads or min(4, max(1, cores - 1)), threads or min(8, cores))
+        self._sessions = []
+        for count in self.threads:
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = count
+            options.inter_op_num_threads = 1
+            options.log_severity_level = 3  # onnxruntime's warnings go to stderr, past the application's logging
+            self._sessions.append(onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"]))
 
     def summed(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """(batch, hidden) masked sums of the last hidden states."""
-        (summed,) = self._session.run(None, {"embeddings": embeddings, "mask": mask})
+        session = self._sessions[0] if embeddings.shape[0] * embeddings.shape[1] <= FEW_TOKENS else self._sessions[1]
+        (summed,) = session.run(None, {"embeddings": embeddings, "mask": mask})
         return summed

@@ -34,7 +34,8 @@ class TorchEncoder:
         self.heads, self.hidden, self.eps = weights.heads, weights.hidden, weights.eps
 
         def tensor(array: np.ndarray):
-            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).to(self.device, self.dtype)
+            # a copy: the weights are read-only views of the mapped file, which torch will not wrap
+            return torch.from_numpy(np.array(array, dtype=np.float32)).to(self.device, self.dtype)
 
         self._embedding_norm = (tensor(weights.f32("emb.ln.w")), tensor(weights.f32("emb.ln.b")))
         self._layers = []

@@ -41,6 +41,9 @@ MAX_CONTEXT_TURNS = 16
 # Context windows are kept per conversation; JSONL files may interleave many sessions, so the
 # oldest windows are dropped beyond this many (a dropped session restarts with an empty window).
 MAX_OPEN_CONTEXTS = 10_000
+# Vectors of recently embedded texts kept for the contexts of the batch after (a batch's last turns precede the
+# next batch's first ones).
+RECENT_VECTORS_KEPT = 4 * DEFAULT_BATCH_SIZE
 # Placeholders of a namespace template: the file's name (its path inside a folder given), the name without folders
 # and suffixes, the conversation's own name, and the session ("{source}" is the older spelling of "{file}").
 NAMESPACE_FIELDS = ("file", "stem", "conversation", "session", "source")
@@ -92,7 +95,9 @@ class _Pending:
     id: int
     namespace: str
     embedded_text: str
-    context_texts: tuple[str, ...] = ()  # mixed in as vectors (context_weight); empty in text mode
+    # the preceding turns, written as the template writes a turn, whose vectors are mixed in (context_weight); empty
+    # in text mode. A turn's context is its predecessor's own embedded text, so one embedding serves both.
+    context_texts: tuple[str, ...] = ()
     turn_index: int | None = None  # the turn's place in its conversation as read: the neighbour stage's order
 
 
@@ -348,7 +353,7 @@ class _Run:
             id=turn_id(namespace=namespace_name, conversation_key=item.conversation_key, position=item.position),
             namespace=namespace_name,
             embedded_text=self.render(item, () if mix else context),
-            context_texts=tuple(previous.text for previous in context) if mix else (),
+            context_texts=tuple(self.render(previous, ()) for previous in context) if mix else (),
             turn_index=turn_index,
         )
 
@@ -383,6 +388,7 @@ class _BatchWriter:
         self.context_weight = context_weight
         self.embedder = embedder
         self.embedder_name = str(getattr(embedder, "name", type(embedder).__name__))
+        self.recent_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self.template = template
 
     def write(self, batch: list[_Pending], summary: IngestSummary) -> None:
@@ -433,21 +439,23 @@ class _BatchWriter:
                     summary.added += 1
 
     def _embed(self, items: list[_Pending]) -> np.ndarray:
-        texts = [item.embedded_text for item in items]
-        context_rows: list[tuple[int, int]] = []  # (turn row, row of a context text)
-        for row, item in enumerate(items):
-            for context_text in item.context_texts:
-                context_rows.append((row, len(texts)))
-                texts.append(context_text)
-        embed = getattr(self.embedder, "embed_passages", self.embedder)  # a sink's embedder may be a plain callable
-        vectors = embed(texts)  # one call: turns and their contexts batch together
-        if not context_rows:
-            return vectors
-        mixed = vectors[: len(items)].copy()
-        for row, context_row in context_rows:
-            mixed[row] += self.context_weight * vectors[context_row]
-        mixed /= np.linalg.norm(mixed, axis=1, keepdims=True)
-        return np.ascontiguousarray(mixed, dtype=np.float32)
+        # Each distinct text is embedded once: a turn's context is mostly the turn before it, embedded in the same
+        # batch or kept from the batch before (recent_vectors).
+        wanted = [item.embedded_text for item in items] + [text for item in items for text in item.context_texts]
+        missing = list(dict.fromkeys(text for text in wanted if text not in self.recent_vectors))
+        if missing:
+            embed = getattr(self.embedder, "embed_passages", self.embedder)  # a sink's embedder may be a callable
+            for text, vector in zip(missing, embed(missing)):  # one call: turns and contexts batch together
+                self.recent_vectors[text] = vector
+        vectors = np.stack([self.recent_vectors[item.embedded_text] for item in items]).astype(np.float32)
+        if any(item.context_texts for item in items):
+            for row, item in enumerate(items):
+                for context_text in item.context_texts:
+                    vectors[row] += self.context_weight * self.recent_vectors[context_text]
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        while len(self.recent_vectors) > RECENT_VECTORS_KEPT:
+            self.recent_vectors.popitem(last=False)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def _metadata(self, item: _Pending, digest: str) -> dict[str, Any]:
         if item.turn.memory_id is not None:
