@@ -500,11 +500,21 @@ class TieredMemory:
     def _search_staged(self, q: np.ndarray, text: str, k: int, namespace: str | None, prefix: str | None,
                        where: str | None, stages: Stages) -> R.Answer:
         """The retrieval stages over an exact pool: the tiered vector search's best `pool` (the skip rules hold for
-        it), fused with the cold tier's BM25 ranking when the stages ask, then re-ranked (coordinator/stages.py)."""
+        it), fused with the cold tier's BM25 ranking when the stages ask, then re-ranked (coordinator/stages.py). The
+        placement policy is told of the hits returned, not of the whole pool."""
         depth = max(stages.pool, k)
         ranking_depth = max(stages.depth, depth) if stages.bm25_weight else depth  # fused this deep, then pooled
-        vector = self._search_scope(q, None, ranking_depth, namespace, prefix, where)
-        tier_of = {hit.id: hit.tier for hit in vector.hits}
+        if prefix is None:
+            ranked, memories, answer, path = self._ranked_one(q, ranking_depth, namespace, where, use=False)
+            vector = [(i, score, tier) for score, i, tier in ranked if i in memories]
+            rule, hot_kth, cold_bound = answer.rule, answer.hot_kth, answer.cold_bound
+        else:
+            scoped_answer = self._search_scope(q, None, ranking_depth, namespace, prefix, where)
+            memories = {hit.id: hit for hit in scoped_answer.hits}
+            vector = [(hit.id, hit.score, hit.tier) for hit in scoped_answer.hits]
+            rule, path = scoped_answer.rule, scoped_answer.path
+            hot_kth, cold_bound = scoped_answer.hot_kth, scoped_answer.cold_bound
+        tier_of = {i: tier for i, _, tier in vector}
         if stages.bm25_weight:
             scoped = where
             if prefix is not None:
@@ -512,25 +522,35 @@ class TieredMemory:
                 listed = "namespace IN (" + ", ".join(R.sql_string(n) for n in names) + ")" if names else "false"
                 scoped = listed if where is None else f"({where}) AND {listed}"
             keyword_ids, _ = self.cold.text_search(text, k=ranking_depth, namespace=namespace, where=scoped)
-            fused = fuse([hit.id for hit in vector.hits], keyword_ids.tolist(), stages.bm25_weight)
-            ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
-            with self._lock:
-                found = self._cache.lookup(i for i, _ in ranked)
-            now_us = time.time_ns() // 1000
-            pool = [(found[i], score) for i, score in ranked
-                    if i in found and not found[i].expired(now_us)]
+            fused = fuse([i for i, _, _ in vector], keyword_ids.tolist(), stages.bm25_weight)
+            pooled = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
+            missing = [i for i, _ in pooled if i not in memories]
+            if missing:
+                with self._lock:
+                    memories.update(self._cache.lookup(missing))
+                now_us = time.time_ns() // 1000
+                memories = {i: m for i, m in memories.items() if i in tier_of or not m.expired(now_us)}
         else:
-            by_id = {hit.id: hit for hit in vector.hits}
-            pool = [(by_id[hit.id], hit.score) for hit in vector.hits[:depth]]
-        candidates = [Candidate(m.id, score, m.text, m.session, m.metadata) for m, score in pool]
-        memories = {m.id: m for m, _ in pool}
-        hits = [hit_of(memories[c.id], score, tier_of.get(c.id, "cold"))
-                for c, score in rerank(candidates, text, k, stages)]
-        return R.Answer(hits, vector.rule, vector.path, vector.hot_kth, vector.cold_bound)
+            pooled = [(i, score) for i, score, _ in vector[:depth]]
+        candidates = [Candidate(i, score, (m := memories[i]).text, m.session, m.metadata)
+                      for i, score in pooled if i in memories]
+        chosen = rerank(candidates, text, k, stages)
+        with self._lock:
+            self._placement.use(c.id for c, _ in chosen if tier_of.get(c.id) == "hot")
+        hits = [hit_of(memories[c.id], score, tier_of.get(c.id, "cold")) for c, score in chosen]
+        return R.Answer(hits, rule, path, hot_kth, cold_bound)
 
     def _search_one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None) -> R.Answer:
         """The tiered search of one scope (a namespace, or all): the hot tier, the skip rules, the cold tier when
         no rule proves the hot answer exact, the merge and the ranking."""
+        ranked, found, answer, path = self._ranked_one(q, k, namespace, where, use=True)
+        hits = [hit_of(m, score, tier) for score, i, tier in ranked if (m := found.get(i)) is not None]
+        return R.Answer(hits, answer.rule, path, answer.hot_kth, answer.cold_bound)
+
+    def _ranked_one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None, *,
+                    use: bool) -> tuple[list, dict[int, Memory], "_HotAnswer", str]:
+        """_search_one's work: the ranked (score, id, tier) triples, the memories by id, the hot answer and the path.
+        use=False leaves the placement policy untold (a caller that keeps only some of them tells it itself)."""
         scoring = self.scoring
         fetch = k if scoring is None else min(check.MAX_K, k * scoring.candidates)
         now_us = time.time_ns() // 1000
@@ -549,12 +569,12 @@ class TieredMemory:
                                  None if cold is None else cold[1], trust_hot=answer.trusted)
             found = self._cache.lookup(i for _, i, _ in candidates)
             ranked = R.rank(candidates, found, scoring, now_us, k)
-            placement.use(i for _, i, tier in ranked if tier == "hot")
+            if use:
+                placement.use(i for _, i, tier in ranked if tier == "hot")
             path = "hot" if cold is None else ("hot+cold" if answer.rule == "cold" else "cold")
             if path == "hot+cold" and hot is not None:
                 self._after_cold_path(hot, namespace, ranked, answer.trusted)
-        hits = [hit_of(m, score, tier) for score, i, tier in ranked if (m := found.get(i)) is not None]
-        return R.Answer(hits, answer.rule, path, answer.hot_kth, answer.cold_bound)
+        return ranked, found, answer, path
 
     def _query_vector(self, query: Any) -> np.ndarray:
         if isinstance(query, str):
