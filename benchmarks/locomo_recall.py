@@ -80,16 +80,19 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
     figure, axes = plt.subplots(figsize=(7, 4.5))
+    axes.set_xscale("log")
     for row in rows:
         label = f"{row['preset']}{'' if row['stages'] else ' (stages off)'}"
         x, y = row["text_search"]["p50_ms"], row["recall"]["all"]["10"]
         axes.scatter([x], [y], s=60, marker="o" if row["stages"] else "x")
         axes.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
-    axes.axhline(DRAGON[10], color="grey", linestyle="--", linewidth=1)
-    axes.annotate("DRAGON R@10 (paper)", (axes.get_xlim()[0], DRAGON[10]), textcoords="offset points", xytext=(4, 4),
-                  fontsize=8, color="grey")
-    axes.set_xscale("log")
+    axes.axhline(DRAGON[10], color="grey", linestyle="--", linewidth=1, label=f"DRAGON R@10 (paper): {DRAGON[10]}")
+    axes.legend(loc="lower right", fontsize=8)
+    axes.xaxis.set_major_formatter(ScalarFormatter())
+    axes.xaxis.set_minor_formatter(NullFormatter())
     axes.set_xlabel("text search p50 (ms, query embedding included; log scale)")
     axes.set_ylabel("R@10 (%), LoCoMo dev split")
     axes.set_title(title, fontsize=10)
@@ -107,7 +110,14 @@ def main(argv=None) -> int:
     parser.add_argument("--no-baseline", action="store_true", help="skip the stages-off rows")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--png", type=Path, help="draw recall against text-search latency here")
+    parser.add_argument("--replot", type=Path, metavar="JSON", help="only draw --png from a --json written earlier")
     args = parser.parse_args(argv)
+    if args.replot:
+        if not args.png:
+            parser.error("--replot needs --png")
+        written = json.loads(args.replot.read_text())
+        plot(written["rows"], args.png, f"LoCoMo dev recall against latency ({written['device']}, {written['machine']})")
+        return 0
 
     data_file = args.data / DATA_FILE
     if not data_file.is_file():

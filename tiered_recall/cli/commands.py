@@ -116,7 +116,8 @@ def add(
     metadata: Optional[str] = typer.Option(None, metavar="JSON", help="A JSON object stored with each memory."),
     ids: Optional[List[int]] = typer.Option(None, "--id", metavar="ID",
                                             help="The memory's own id (once per text): an existing id is replaced."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+    preset: Optional[PresetName] = PRESET,
     hot_capacity: Optional[int] = HOT_CAPACITY,
 ) -> None:
     """Remember TEXT (durable on disk when this returns); prints each memory's id."""
@@ -142,9 +143,13 @@ def search(
     k: int = typer.Option(10, "-k", metavar="K", help="How many hits."),
     namespace: Optional[str] = NAMESPACE,
     where: Optional[str] = typer.Option(None, metavar="SQL", help="A filter, e.g. \"role = 'user'\"."),
-    hybrid: bool = typer.Option(False, "--hybrid", help="Fuse BM25 keyword ranking with the vector ranking."),
+    hybrid: bool = typer.Option(False, "--hybrid", help="The cold tier's own BM25 fusion at equal weight, instead of "
+                                "the preset's stages."),
+    stages: bool = typer.Option(True, "--stages/--no-stages", help="Run the preset's retrieval stages (BM25 fusion, "
+                                "neighbouring turns, temporal cues; docs/recall.md), or the vector search alone."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+    preset: Optional[PresetName] = PRESET,
     hot_capacity: Optional[int] = HOT_CAPACITY,
     read_only: bool = typer.Option(False, "--read-only", help="Open the store for search only (chosen by itself, "
                                    "with a note, where the folder cannot be written)."),
@@ -152,7 +157,8 @@ def search(
     """Search memories: rank, score, tier (hot or cold), role, text and age of each hit."""
     try:
         with _open(store, device, embedder, preset, hot_capacity, True if read_only else None) as memory:
-            report = memory.search(query, k=k, namespace=namespace, where=where, hybrid=hybrid, explain=True)
+            report = memory.search(query, k=k, namespace=namespace, where=where, hybrid=hybrid,
+                                   stages=None if stages else False, explain=True)
             known = memory.namespaces() if namespace is not None and not report.hits else None
     except TieredRecallError as error:
         fail(error)
@@ -168,7 +174,8 @@ def search(
 @app.command(cls=PlainHelp)
 def get(
     ids: List[int] = typer.Argument(..., metavar="ID", help="Memory ids."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+    preset: Optional[PresetName] = PRESET,
 ) -> None:
     """Print memories by id, as JSON (exit code 1 when an id is not found)."""
     try:
@@ -185,7 +192,8 @@ def get(
 @app.command(cls=PlainHelp)
 def delete(
     ids: List[int] = typer.Argument(..., metavar="ID", help="Memory ids."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+    preset: Optional[PresetName] = PRESET,
 ) -> None:
     """Forget memories by id, from both tiers; prints how many there were."""
     try:
@@ -199,7 +207,8 @@ def delete(
 @app.command(name="list", cls=PlainHelp)
 def list_namespaces(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+    preset: Optional[PresetName] = PRESET,
 ) -> None:
     """The store's namespaces: memories in each, and how many the hot tier holds now."""
     from rich.table import Table
@@ -227,7 +236,8 @@ def export(
     namespace: Optional[str] = NAMESPACE,
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                           help="Write here instead of to stdout."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+    preset: Optional[PresetName] = PRESET,
 ) -> None:
     """Every memory as JSON Lines, oldest first: `tiered-recall ingest` reads it back to the same memories (ids,
     namespaces, texts, roles, sessions, times, metadata)."""
@@ -277,7 +287,8 @@ def ingest(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed records instead of stopping."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+    preset: Optional[PresetName] = PRESET,
     hot_capacity: Optional[int] = HOT_CAPACITY,
 ) -> None:
     """Ingest conversation logs; safe to run again (nothing is added twice) and to stop: Ctrl-C stops at the next
@@ -390,7 +401,8 @@ def demo(
 
 
 @app.command(name="mcp", cls=PlainHelp)
-def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER, preset: Optional[PresetName] = PRESET,
+def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+               preset: Optional[PresetName] = PRESET,
                hot_capacity: Optional[int] = HOT_CAPACITY) -> None:
     """Serve the store to an MCP client (Claude Desktop, an IDE, an agent) over stdin and stdout until the client
     closes it: tools to add, search, get and delete memories and to list namespaces (docs/integrations/mcp.md)."""

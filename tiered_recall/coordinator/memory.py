@@ -89,7 +89,8 @@ class TieredMemory:
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, preset: str | Preset | None = None,
-                 dim: int | None = None, embedder: Any = PRESET_EMBEDDER, hot_capacity: int | None = None, device: str = "auto",
+                 dim: int | None = None, embedder: Any = PRESET_EMBEDDER, hot_capacity: int | None = None,
+                 device: str = "auto",
                  timeout_s: float = 5.0, orphan_grace_s: float = ORPHAN_GRACE_S,
                  policy: str | Policy | None = "lru", hot_capacity_bytes: int | None = None,
                  rules: Sequence[str] = ("complete", "bound"), confidence: float | None = None,

@@ -61,8 +61,9 @@ class Stages:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
                 raise InvalidInput(f"Stages.{name} must be a number from 0 to 10, got {value!r}")
-        if self.bm25_weight is not None and (isinstance(self.bm25_weight, bool) or
-                                             not isinstance(self.bm25_weight, (int, float)) or not 0 < self.bm25_weight <= 10):
+        weight = self.bm25_weight
+        if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))
+                                   or not 0 < weight <= 10):
             raise InvalidInput(f"Stages.bm25_weight must be None or a number in (0, 10], got {self.bm25_weight!r}")
         if isinstance(self.pool, bool) or not isinstance(self.pool, int) or not 1 <= self.pool <= POOL_MAX:
             raise InvalidInput(f"Stages.pool must be an int from 1 to {POOL_MAX}, got {self.pool!r}")

@@ -100,7 +100,8 @@ class CallableEmbedder:
             raise InvalidInput(f"dim must be a positive int, got {dim!r}")
         self.dim = dim
 
-    def _checked_output(self, fn: Callable[[list[str]], Any], texts: list[str], *, expected_dim: int | None) -> np.ndarray:
+    def _checked_output(self, fn: Callable[[list[str]], Any], texts: list[str], *,
+                        expected_dim: int | None) -> np.ndarray:
         output = fn(texts)
         try:
             array = np.asarray(output)

@@ -24,8 +24,8 @@ def _import_runtime():
         import onnx
         import onnxruntime
     except ImportError as error:
-        raise InvalidInput(f"the E5 embedder's CPU backend needs {error.name}, which is not installed; {E5_INSTALL_HINT}"
-                           ) from None
+        raise InvalidInput(f"the E5 embedder's CPU backend needs {error.name}, which is not installed; "
+                           f"{E5_INSTALL_HINT}") from None
     if os.environ["ORT_DISABLE_TELEMETRY"] == "1":
         onnxruntime.disable_telemetry_events()  # for an application that imported onnxruntime before this
     return onnx, onnxruntime
@@ -58,14 +58,16 @@ def build_graph(weights: E5Weights):
         nodes.append(helper.make_node(
             "DynamicQuantizeMatMul",
             [source, constant(f"{out}.w", quantized), constant(f"{out}.scale", scale),
-             constant(f"{out}.zero", np.zeros(scale.shape, np.int8)), constant(f"{out}.b", np.asarray(bias, np.float32))],
+             constant(f"{out}.zero", np.zeros(scale.shape, np.int8)),
+             constant(f"{out}.b", np.asarray(bias, np.float32))],
             [out], domain="com.microsoft"))
         return out
 
     def norm_with_residual(source: str, residual: str, prefix: str, out: str) -> str:
         nodes.append(helper.make_node(
             "SkipLayerNormalization",
-            [source, residual, constant(f"{out}.g", weights.f32(f"{prefix}.w")), constant(f"{out}.beta", weights.f32(f"{prefix}.b"))],
+            [source, residual, constant(f"{out}.g", weights.f32(f"{prefix}.w")),
+             constant(f"{out}.beta", weights.f32(f"{prefix}.b"))],
             [out], domain="com.microsoft", epsilon=weights.eps))
         return out
 
