@@ -64,11 +64,14 @@ def build_graph(weights: E5Weights):
         return out
 
     def norm_with_residual(source: str, residual: str, prefix: str, out: str) -> str:
+        # Add and LayerNormalization, not the fused SkipLayerNormalization contrib kernel, which is the slower of the
+        # two on x86 CPUs (docs/recall.md)
+        nodes.append(helper.make_node("Add", [source, residual], [f"{out}.sum"]))
         nodes.append(helper.make_node(
-            "SkipLayerNormalization",
-            [source, residual, constant(f"{out}.g", weights.f32(f"{prefix}.w")),
+            "LayerNormalization",
+            [f"{out}.sum", constant(f"{out}.g", weights.f32(f"{prefix}.w")),
              constant(f"{out}.beta", weights.f32(f"{prefix}.b"))],
-            [out], domain="com.microsoft", epsilon=weights.eps))
+            [out], axis=-1, epsilon=weights.eps))
         return out
 
     nodes.append(helper.make_node("LayerNormalization", ["embeddings", constant("emb.ln.w", weights.f32("emb.ln.w")),
@@ -121,6 +124,9 @@ class OnnxEncoder:
             options.intra_op_num_threads = count
             options.inter_op_num_threads = 1
             options.log_severity_level = 3  # onnxruntime's warnings go to stderr, past the application's logging
+            # The graph is built fused already; the extended levels would re-fuse Add + LayerNormalization into the
+            # slower SkipLayerNormalization.
+            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
             self._sessions.append(onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"]))
 
     def summed(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
