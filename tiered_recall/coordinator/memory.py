@@ -38,11 +38,11 @@ API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_on
 # A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
 # answers; over more it is one cold-tier search filtered to the namespaces (docs/frameworks.md gives the figures).
 PREFIX_FANOUT_MAX = 64
-# A sidecar polls for a while after each answer (its --idle-spin-us), betting that the next search follows at once.
-# Beside E5, whose query takes milliseconds on the same cores (onnxruntime) or the same GPU (torch: the persistent
-# kernel holds every SM while it polls), that polling only delays the next query's embedding, so a sidecar started
-# for an E5 store sleeps as soon as it has answered (docs/recall.md has the figures).
-SIDECAR_SPIN_BESIDE_E5_US = 0
+# A sidecar polls for a while after each answer (its --idle-spin-us, 2 ms by default), betting that the next search
+# follows at once. Beside E5, whose query takes milliseconds on the same cores (onnxruntime) or the same GPU (torch:
+# the persistent kernel holds every SM while it polls), most of that polling only delays the next query's embedding;
+# a sidecar started for an E5 store polls long enough for searches by vector that follow each other, then sleeps.
+SIDECAR_SPIN_BESIDE_E5_US = 250
 
 
 @dataclass
