@@ -81,3 +81,14 @@ def test_stage_options_are_checked(open_memory) -> None:
         open_memory(dim=None, embedder="wordllama", preset="best")
     custom = memory.search("one", namespace="n", stages=Stages(bm25_weight=2.0), explain=True)
     assert custom.stages == Stages(bm25_weight=2.0) and custom.hits[0].text == "one memory"
+
+
+def test_a_staged_search_under_a_prefix_keeps_to_it(open_memory) -> None:
+    memory = open_memory(dim=None, embedder="wordllama", preset="fast")
+    memory.add(["alice likes green tea"], namespace=("users", "alice"))
+    memory.add(["bob likes tea too"], namespace=("users", "bob"))
+    memory.add(["tea grows elsewhere"], namespace=("other",))
+    report = memory.search("tea", namespace_prefix=("users",), k=5, explain=True)
+    assert report.stages is not None
+    assert sorted(hit.text for hit in report) == ["alice likes green tea", "bob likes tea too"]
+    assert memory.search("tea", namespace_prefix=("nobody",), k=5) == []

@@ -45,6 +45,12 @@ PREFIX_FANOUT_MAX = 64
 SIDECAR_SPIN_BESIDE_E5_US = 250
 
 
+def _within(names: list[str], where: str | None) -> str:
+    """A cold-tier filter to these namespaces (at least one), and to `where` when given."""
+    listed = "namespace IN (" + ", ".join(R.sql_string(n) for n in names) + ")"
+    return listed if where is None else f"({where}) AND {listed}"
+
+
 @dataclass
 class _HotAnswer:
     """The hot side of one search: its candidates, the rule that decided, and whether they may be trusted."""
@@ -487,16 +493,19 @@ class TieredMemory:
         if prefix is None:
             return self._search_hybrid(q, text, k, namespace, where) if text is not None else \
                 self._search_one(q, k, namespace, where)
-        names = sorted(n for n in self.cold.namespace_counts() if under_prefix(n, prefix))
+        names = self._names_under(prefix)
         if not names:
             return R.Answer([], "cold", "cold", None, None)
         if text is None and where is None and len(names) <= PREFIX_FANOUT_MAX:
             # Each namespace's answer is exact, so the best k of their union are the scope's best k.
             return R.union_of_answers([self._search_one(q, k, name, None) for name in names], k)
-        listed = "namespace IN (" + ", ".join(R.sql_string(n) for n in names) + ")"
-        scoped = listed if where is None else f"({where}) AND {listed}"
+        scoped = _within(names, where)
         return self._search_hybrid(q, text, k, None, scoped) if text is not None else \
             self._search_one(q, k, None, scoped)
+
+    def _names_under(self, prefix: str) -> list[str]:
+        """The store's namespaces under a prefix, sorted."""
+        return sorted(n for n in self.cold.namespace_counts() if under_prefix(n, prefix))
 
     def _search_staged(self, q: np.ndarray, text: str, k: int, namespace: str | None, prefix: str | None,
                        where: str | None, stages: Stages) -> R.Answer:
@@ -517,20 +526,18 @@ class TieredMemory:
             hot_kth, cold_bound = scoped_answer.hot_kth, scoped_answer.cold_bound
         tier_of = {i: tier for i, _, tier in vector}
         if stages.bm25_weight:
-            scoped = where
-            if prefix is not None:
-                names = sorted(n for n in self.cold.namespace_counts() if under_prefix(n, prefix))
-                listed = "namespace IN (" + ", ".join(R.sql_string(n) for n in names) + ")" if names else "false"
-                scoped = listed if where is None else f"({where}) AND {listed}"
-            keyword_ids, _ = self.cold.text_search(text, k=ranking_depth, namespace=namespace, where=scoped)
-            fused = fuse([i for i, _, _ in vector], keyword_ids.tolist(), stages.bm25_weight)
+            names = None if prefix is None else self._names_under(prefix)
+            keyword_ids = [] if names == [] else self.cold.text_search(
+                text, k=ranking_depth, namespace=namespace, where=where if names is None else _within(names, where)
+            )[0].tolist()
+            fused = fuse([i for i, _, _ in vector], keyword_ids, stages.bm25_weight)
             pooled = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
             missing = [i for i, _ in pooled if i not in memories]
-            if missing:
+            if missing:  # ranked by BM25 alone; the vector pool's expired memories are the caller's to step over
                 with self._lock:
-                    memories.update(self._cache.lookup(missing))
+                    found = self._cache.lookup(missing)
                 now_us = time.time_ns() // 1000
-                memories = {i: m for i, m in memories.items() if i in tier_of or not m.expired(now_us)}
+                memories.update((i, m) for i, m in found.items() if not m.expired(now_us))
         else:
             pooled = [(i, score) for i, score, _ in vector[:depth]]
         candidates = [Candidate(i, score, (m := memories[i]).text, m.session, m.metadata)
