@@ -56,6 +56,24 @@ class Bump:
     slot_before: np.ndarray  # (m,) uint64
     writes_before: int
     unplaced_before: int | None
+    # Where the write is in the write-ahead log (set by the writer): the (generation, offset) just past the record
+    # that carries it (a logged add or delete, with this bump inside), or, for an add that bypassed the log, where
+    # its "changed" note begins.
+    record_end: tuple[int, int] | None = None
+    note_at: tuple[int, int] | None = None
+
+    def fields(self) -> list:
+        """The bump as plain JSON values, for the log record that carries the write."""
+        return [None if self.namespaces is None else list(self.namespaces), [int(s) for s in self.slots],
+                [int(b) for b in self.slot_before], int(self.writes_before),
+                None if self.unplaced_before is None else int(self.unplaced_before)]
+
+    @classmethod
+    def of_fields(cls, fields: list) -> "Bump":
+        """fields()' inverse."""
+        names, slots, before, writes, unplaced = fields
+        return cls(None if names is None else tuple(names), np.array(slots, dtype=np.int64),
+                   np.array(before, dtype=np.uint64), int(writes), unplaced)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ._generations import Bump
+
 # How the log works (_writer.py appends and flushes, _follower.py reads; docs/cold-tier.md tells it in prose):
 # - Files _wal/<gen>.wal, one generation current (the highest). Each starts with a header: the generation, the one
 #   before it, and the LanceDB table versions just before (pre_version) and just after (base_version) the commit
@@ -50,6 +52,8 @@ _PAYLOAD_HEAD = struct.Struct("<II")  # rows, dim
 _MAX_PAYLOAD = 1 << 30
 LOCK_NAME = ".lock"
 FLUSH_LOCK_NAME = ".flush.lock"
+SYNC_LOCK_NAME = ".sync.lock"  # one fdatasync at a time; holds the (generation, offset) made durable
+_SYNCED = struct.Struct("<QQ")
 SUFFIX = ".wal"
 
 
@@ -77,16 +81,20 @@ class Rows:
     roles: list
     texts: list
     metadata_json: list
+    bump: Bump | None = field(default=None, compare=False)  # the write generations it bumped (None: not logged)
     gen: int = field(default=0, compare=False)  # where the follower read it (LogFollower.poll sets these)
     offset: int = field(default=0, compare=False)
+    end: int = field(default=0, compare=False)
 
 
 @dataclass
 class Deleted:
     """One logged delete: (n,) ids."""
     ids: np.ndarray
+    bump: Bump | None = field(default=None, compare=False)
     gen: int = field(default=0, compare=False)
     offset: int = field(default=0, compare=False)
+    end: int = field(default=0, compare=False)
 
 
 @dataclass
@@ -95,8 +103,10 @@ class Note:
     "benign" (versions a compaction or index build made that keep every row)."""
     kind: str
     versions: np.ndarray
+    bump: Bump | None = field(default=None, compare=False)  # never logged with a note: a reader cannot apply one
     gen: int = field(default=0, compare=False)
     offset: int = field(default=0, compare=False)
+    end: int = field(default=0, compare=False)
 
 
 # The dim field of the payload head tells the record kinds apart (rows always have dim >= 1); an older reader
@@ -106,15 +116,20 @@ _DIM_NOTES = {"changed": 0xFFFFFFFF, "benign": 0xFFFFFFFE}
 _NOTE_OF_DIM = {v: k for k, v in _DIM_NOTES.items()}
 
 
-def _encode_ids(values: np.ndarray, dim: int) -> bytes:
+def _encode_ids(values: np.ndarray, dim: int, trailer: bytes = b"") -> bytes:
     values = np.ascontiguousarray(values, "<i8")
-    payload = _PAYLOAD_HEAD.pack(int(values.shape[0]), dim) + values.tobytes()
+    payload = _PAYLOAD_HEAD.pack(int(values.shape[0]), dim) + values.tobytes() + trailer
     return _REC.pack(REC_MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 
-def encode_delete(ids: np.ndarray) -> bytes:
-    """A logged delete of ids as one record (magic, length, crc32, payload)."""
-    return _encode_ids(ids, _DIM_DELETE)
+def _json_bytes(value) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def encode_delete(ids: np.ndarray, bump: Bump | None = None) -> bytes:
+    """A logged delete of ids as one record (magic, length, crc32, payload); the write generations it bumped, when
+    given, follow the ids as JSON (a process that applies the log to the hot tier certifies with them)."""
+    return _encode_ids(ids, _DIM_DELETE, b"" if bump is None else _json_bytes(bump.fields()))
 
 
 def encode_note(kind: str, versions) -> bytes:
@@ -127,7 +142,10 @@ def decode_record(payload: bytes) -> "Rows | Deleted | Note":
     n, dim = _PAYLOAD_HEAD.unpack_from(payload, 0)
     if dim == _DIM_DELETE or dim in _NOTE_OF_DIM:
         values = np.frombuffer(payload, "<i8", n, _PAYLOAD_HEAD.size).astype(np.int64)
-        return Deleted(values) if dim == _DIM_DELETE else Note(_NOTE_OF_DIM[dim], values)
+        if dim != _DIM_DELETE:
+            return Note(_NOTE_OF_DIM[dim], values)
+        trailer = payload[_PAYLOAD_HEAD.size + 8 * n:]
+        return Deleted(values, Bump.of_fields(json.loads(trailer.decode("utf-8"))) if trailer else None)
     return decode_rows(payload)
 
 
@@ -144,10 +162,10 @@ def lock_held(fd: int) -> bool:
 
 def encode_rows(rows: Rows) -> bytes:
     """A logged add as one record: ids, created_at_us and vectors as little-endian arrays, then the text columns as
-    JSON."""
+    JSON, and after them the write generations the add bumped (when it did)."""
     n, dim = rows.vectors.shape
-    strings = json.dumps([rows.namespaces, rows.sessions, rows.roles, rows.texts, rows.metadata_json],
-                         ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    columns = [rows.namespaces, rows.sessions, rows.roles, rows.texts, rows.metadata_json]
+    strings = _json_bytes(columns if rows.bump is None else columns + [rows.bump.fields()])
     payload = b"".join([_PAYLOAD_HEAD.pack(n, dim), np.ascontiguousarray(rows.ids, "<i8").tobytes(),
                         np.ascontiguousarray(rows.created_at_us, "<i8").tobytes(),
                         np.ascontiguousarray(rows.vectors, "<f4").tobytes(), strings])
@@ -164,8 +182,9 @@ def decode_rows(payload: bytes) -> Rows:
     at += 8 * n
     vectors = np.frombuffer(payload, "<f4", n * dim, at).astype(np.float32).reshape(n, dim)
     at += 4 * n * dim
-    namespaces, sessions, roles, texts, metadata_json = json.loads(payload[at:].decode("utf-8"))
-    return Rows(ids, vectors, created, namespaces, sessions, roles, texts, metadata_json)
+    columns = json.loads(payload[at:].decode("utf-8"))
+    bump = Bump.of_fields(columns[5]) if len(columns) > 5 else None
+    return Rows(ids, vectors, created, *columns[:5], bump=bump)
 
 
 def parse_records(data: bytes, base: int) -> tuple[list[tuple[int, bytes]], int]:
@@ -229,6 +248,10 @@ class _FileLock:
         self._depth = 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
+    @property
+    def fd(self) -> int:
+        return self._fd
+
     @contextmanager
     def held(self) -> Iterator[None]:
         with self.mutex:
@@ -260,7 +283,7 @@ class WriteAheadLog:
         self._wgen = 0
         self._wend = 0  # end of the last intact record of the current generation (valid under the lock)
         self._closed = False
-        self._append_lock = self._flush_lock = None
+        self._append_lock = self._flush_lock = self._sync_lock = None
         self._flush_probe_fd: int | None = None
         probe = os.path.join(folder, FLUSH_LOCK_NAME)
         if read_only:  # a follower only: no lock files are made, nothing is appended, flushed or pruned
@@ -270,6 +293,7 @@ class WriteAheadLog:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         self._append_lock = _FileLock(os.path.join(folder, LOCK_NAME))
         self._flush_lock = _FileLock(probe)
+        self._sync_lock = _FileLock(os.path.join(folder, SYNC_LOCK_NAME))
         self._flush_probe_fd = os.open(probe, os.O_RDWR)  # for flush_in_progress()
         with self.locked():
             if not self.generations():
@@ -343,14 +367,26 @@ class WriteAheadLog:
                 os.fsync(self._wfd)
 
     # ---- writer side (call under locked()) ------------------------------------------------------
-    def append(self, record: bytes) -> None:
-        """Append one encoded record and make it durable (fdatasync) before returning."""
+    def append(self, record: bytes) -> tuple[int, int]:
+        """Append one encoded record and make it durable (fdatasync) before returning; returns the (generation,
+        offset) just past it."""
+        end, fd = self.write(record)
+        try:
+            self.sync(fd)  # under the append lock: no record after this one to share the sync with
+        finally:
+            os.close(fd)
+        return end
+
+    def write(self, record: bytes) -> tuple[tuple[int, int], int]:
+        """Append one encoded record, not yet durable: ((generation, offset) just past it, an fd of its own on the
+        generation for sync(), which the caller closes). Group commit: the caller syncs after it lets go of the
+        lock, so one fdatasync makes every record written before it durable, and the writers waiting for the lock
+        meanwhile append theirs."""
         self._refresh_locked()
         try:
             written = os.pwrite(self._wfd, record, self._wend)
             if written != len(record):
                 raise OSError(28, f"No space left on device: short write to the log ({written} of {len(record)} bytes)")
-            os.fdatasync(self._wfd)
         except BaseException:
             try:  # not acknowledged, so not kept: a later flush must not commit it
                 os.ftruncate(self._wfd, self._wend)
@@ -358,6 +394,27 @@ class WriteAheadLog:
                 pass  # the next writer cuts it (a short record fails its checksum)
             raise
         self._wend += len(record)
+        return (self._wgen, self._wend), os.dup(self._wfd)
+
+    def sync(self, fd: int, end: tuple[int, int] | None = None) -> None:
+        """Makes what was written to the log file fd is open on durable, up to `end` at least (fdatasync). Group
+        commit across processes: one fdatasync at a time, under the sync lock, covering every record written to the
+        file before it began; a writer whose record an earlier sync covered returns without one (the sync lock file
+        holds the position made durable: a hint, so it is not synced itself)."""
+        if end is None or self._sync_lock is None:
+            os.fdatasync(fd)
+            return
+        with self._sync_lock.held():
+            if _SYNCED.unpack(os.pread(self._sync_lock.fd, _SYNCED.size, 0).ljust(_SYNCED.size, b"\0")) >= tuple(end):
+                return
+            size = os.fstat(fd).st_size
+            os.fdatasync(fd)
+            os.pwrite(self._sync_lock.fd, _SYNCED.pack(end[0], size), 0)
+
+    def end_locked(self) -> tuple[int, int]:
+        """The (generation, offset) past the last intact record (call under locked())."""
+        self._refresh_locked()
+        return self._wgen, self._wend
 
     def pending(self) -> tuple[int, list[tuple[int, bytes]], int]:
         """The current generation, its intact records and the offset past them (for a flush)."""
@@ -382,6 +439,7 @@ class WriteAheadLog:
         self._write_generation(header, carried)
         self._refresh_locked()
         self._prune_locked()
+        os.utime(self._flush_probe_fd)  # seconds_since_flush(), for every process
         return header
 
     def _prune_locked(self) -> None:
@@ -406,6 +464,14 @@ class WriteAheadLog:
         except (FileNotFoundError, IndexError):
             return 0
 
+    def seconds_since_flush(self) -> float:
+        """Seconds since any process last rotated the log after a flush (the flush lock file's time); large when not
+        known."""
+        try:
+            return time.time() - os.fstat(self._flush_probe_fd).st_mtime
+        except (OSError, TypeError):
+            return float("inf")
+
     def flush_in_progress(self) -> bool:
         """Whether a flush or a write that bypasses the log holds the flush lock now (this process's included)."""
         return self._flush_probe_fd is not None and lock_held(self._flush_probe_fd)
@@ -425,6 +491,7 @@ class WriteAheadLog:
                 self._wfd = None
             self._append_lock.close()
             self._flush_lock.close()
+            self._sync_lock.close()
 
 
 class LogFollower:
@@ -454,6 +521,17 @@ class LogFollower:
         self.fd, self.gen, self.offset = fd, gen, HEADER_SIZE
         return header
 
+    def seek(self, gen: int, offset: int) -> None:
+        """Position at `offset` of generation `gen`, a record boundary (FileNotFoundError once it was deleted)."""
+        if gen != self.gen or self.fd is None:
+            self.start_at(gen)
+        self.offset = max(int(offset), HEADER_SIZE)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(generation, offset) of the next record this follower reads."""
+        return self.gen, self.offset
+
     def poll(self) -> list:
         """Events since the last poll: ("rows", Rows), ("deleted", Deleted) or ("note", Note) for each new record (with
         the generation and offset it was read at), ("rotated", Header) when a new generation begins, ("gap", None) when generations
@@ -467,7 +545,7 @@ class LogFollower:
                 records, self.offset = parse_records(read_all(self.fd, self.offset), self.offset)
                 for at, p in records:
                     rec = decode_record(p)
-                    rec.gen, rec.offset = self.gen, at
+                    rec.gen, rec.offset, rec.end = self.gen, at, at + _REC.size + len(p)
                     kind = "rows" if isinstance(rec, Rows) else "deleted" if isinstance(rec, Deleted) else "note"
                     events.append((kind, rec))
             if not rotated:

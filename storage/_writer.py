@@ -1,9 +1,11 @@
 """The cold tier's write path: logged adds and deletes, writes that bypass the log, flushes and the flusher thread."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -80,6 +82,14 @@ class Writer:
         self._wake = threading.Event()
         self._stop = threading.Event()
 
+    def logs(self, *, rows: int | None = None, delete: bool = False) -> bool:
+        """Whether an add of `rows` rows (or a delete) would be logged rather than committed directly."""
+        if self.wal is None or self._read_only:
+            return False
+        if delete:
+            return not self._tables.lagging_reads and self._follower.mirror is not None
+        return rows is not None and rows <= _WAL_MAX_ROWS
+
     # ---- adds ----------------------------------------------------------------------------------
     def add(self, rows: Rows) -> Bump | None:
         """Upsert checked rows; durable when this returns."""
@@ -104,21 +114,34 @@ class Writer:
             return gens.bump(None)
         return gens.bump(set(namespaces or ()) | mirror.namespaces_of(ids))
 
+    def _follow_before_lock(self) -> None:
+        """Most of what other processes logged, applied before the append lock is taken (the log is read without
+        it), so the follow under the lock only has the records of the last moment left: the lock's holder would
+        otherwise apply every other writer's records while they all wait."""
+        with self._lock:
+            self._life.ensure_open()
+            self._follower.follow_log_locked()
+
     def _add_logged(self, rows: Rows) -> Bump | None:
-        record = encode_rows(rows)
+        self._follow_before_lock()
         with self.wal.locked():
             self._life.ensure_open()
             with self._lock:
                 # Every earlier logged write into the mirror first: the ids' namespaces are then known.
                 self._follower.follow_log_locked()
                 bump = self._bump_locked(rows.ids, rows.namespaces)
+            record = encode_rows(replace(rows, bump=bump))  # the bump travels with the rows (see _wal.py)
+            what = f"log {rows.ids.shape[0]} rows"
             try:
-                self.wal.append(record)  # durable here (fdatasync)
+                end, fd = self.wal.write(record)
             except Exception as exc:
-                raise StorageError(storage_message(f"log {rows.ids.shape[0]} rows", self._tables.path, exc)) from exc
-            with self._lock:
-                self._follower.follow_log_locked()  # applies this record (and any other process's before it)
+                raise StorageError(storage_message(what, self._tables.path, exc)) from exc
             self.pending_ops += int(rows.ids.shape[0])
+        self._sync(fd, end, what)  # durable here: outside the lock, so writers share an fdatasync
+        if bump is not None:
+            bump = replace(bump, record_end=end)
+        with self._lock:
+            self._follower.follow_log_locked()  # applies this record (and any other process's before it)
         if self.pending_ops >= self._flush_rows:
             self._wake.set()
         return bump
@@ -149,9 +172,23 @@ class Writer:
             else:
                 result = tables.commit(f"add {n} rows", upsert)
             self._follower.own_upsert_locked(result.version, rows)
-            self._announce_locked(encode_note("changed", [result.version]), f"log the add of {n} rows")
+            note_at = self._announce_locked(encode_note("changed", [result.version]), f"log the add of {n} rows")
+            if bump is not None and note_at is not None:
+                bump = replace(bump, note_at=note_at)
         self._note_writes()
         return bump
+
+    def _sync(self, fd: int, end: tuple[int, int], what: str) -> None:
+        """fdatasync of a record this process wrote to the log (and closes fd). On failure the record is in the
+        log but perhaps not on disk: other processes may already have read it, so it cannot be taken back."""
+        try:
+            self.wal.sync(fd, end)
+        except OSError as exc:
+            raise StorageError(storage_message(f"{what} (the record was written but could not be made durable: "
+                                               "whether it is kept is not known; write it again)", self._tables.path,
+                                               exc)) from exc
+        finally:
+            os.close(fd)
 
     # ---- deletes -------------------------------------------------------------------------------
     def delete(self, ids: np.ndarray) -> tuple[int, Bump | None]:
@@ -167,6 +204,7 @@ class Writer:
         """Log the delete (durable once fdatasynced; the flusher commits it, ordered after every add logged before
         it). Counts the rows that existed from the mirror, which is exact under the append lock once in step with
         the table and the log. None without a mirror (nothing to count from): the caller commits directly."""
+        self._follow_before_lock()
         with self.wal.locked():
             with self._lock:
                 self._life.ensure_open()
@@ -181,14 +219,17 @@ class Writer:
                     # directly.
                     return (0, None) if settled else None
                 bump = self._bump_locked(ids, None)
+            what = f"log the delete of {ids.size} rows"
             try:
-                self.wal.append(encode_delete(ids))  # durable here (fdatasync)
+                end, fd = self.wal.write(encode_delete(ids, bump))
             except Exception as exc:
-                what = f"log the delete of {ids.size} rows"
                 raise StorageError(storage_message(what, self._tables.path, exc)) from exc
-            with self._lock:
-                self._follower.follow_log_locked()  # applies this delete (and any record before it) to the mirror
             self.pending_ops += int(ids.shape[0])
+        self._sync(fd, end, what)  # durable here, outside the lock (group commit)
+        if bump is not None:
+            bump = replace(bump, record_end=end)
+        with self._lock:
+            self._follower.follow_log_locked()  # applies this delete (and any record before it) to the mirror
         if self.pending_ops >= self._flush_rows:
             self._wake.set()
         return deleted, bump
@@ -202,8 +243,10 @@ class Writer:
             result = tables.commit(f"delete {ids.size} rows", lambda: tables.table.delete(f"id IN {sql_id_list(ids)}"))
             deleted = int(result.num_deleted_rows)
             self._follower.own_delete_locked(result.version, ids, deleted)
-            if deleted:
-                self._announce_locked(encode_delete(ids), f"log the delete of {ids.size} rows")
+            if deleted or bump is not None:  # with its bump, so the hot tier's side of it is applied from the log
+                end = self._announce_locked(encode_delete(ids, bump), f"log the delete of {ids.size} rows")
+                if bump is not None and end is not None:
+                    bump = replace(bump, record_end=end)
         if deleted:
             self._note_writes()
         return deleted, bump
@@ -222,17 +265,20 @@ class Writer:
                 self._flush_locked(appends_held=True)  # what was appended during that flush; the log is now empty
                 yield
 
-    def _announce_locked(self, record: bytes, what: str) -> None:
+    def _announce_locked(self, record: bytes, what: str) -> tuple[int, int] | None:
         """After a write that bypassed the log (under _direct_write, so the append lock is ours): tell the other
         processes through the log before the write is acknowledged (a repeated delete, or a "changed" note), so none
-        of them leaves it out of its mirror while it waits for another writer (see Follower.sync_locked)."""
+        of them leaves it out of its mirror while it waits for another writer (see Follower.sync_locked). Returns
+        where the record begins (None without a log)."""
         if self.wal is None:
-            return
+            return None
+        start = self.wal.end_locked()
         try:
             self.wal.append(record)
         except Exception as exc:
             raise StorageError(storage_message(what, self._tables.path, exc)) from exc
         self._follower.follow_log_locked()
+        return start
 
     # ---- flushes -------------------------------------------------------------------------------
     def _flush_locked(self, *, appends_held: bool = False) -> int:
@@ -335,11 +381,18 @@ class Writer:
     def _flusher_run(self) -> None:
         backoff = self._flush_s
         while not self._stop.is_set():
-            self._wake.wait(backoff)
+            woken = self._wake.wait(backoff)
             self._wake.clear()
             if self._stop.is_set() or self._life.closed:
                 break
             try:
+                # On the timer, the store's flush cadence is shared: a process flushes only when no process has
+                # for flush_s (each flush is a LanceDB commit that every process then follows, so flushing per
+                # process would multiply them by the number of processes).
+                since = self.wal.seconds_since_flush()
+                if not woken and since < self._flush_s:
+                    backoff = max(0.01, self._flush_s - since)
+                    continue
                 if self.wal.pending_bytes() > 0:
                     self.flush_now()
                 backoff = self._flush_s

@@ -18,14 +18,14 @@ from ..errors import InvalidInput, ReadOnlyStore, StorageError
 from . import _validate as check
 from ._ann import TARGET_RECALL
 from ._follower import Follower
-from ._generations import Bump, WriteGenerations, open_generations
+from ._generations import Bump, Snapshot, WriteGenerations, open_generations
 from ._index import FAISS_FOLDER, FaissIndex
 from ._lifecycle import Lifecycle
 from ._maintenance import TableUpkeep
 from ._reads import RowReads, as_recent, in_order
 from ._search import Searcher
 from ._tables import LanceTables, guard
-from ._wal import Rows, WriteAheadLog
+from ._wal import LogFollower, Rows, WriteAheadLog
 from ._writer import Writer
 
 __all__ = ["ColdStore", "FAISS_FOLDER", "INDEX_MODES", "WAL_FOLDER"]
@@ -313,6 +313,41 @@ class ColdStore:
         self._life.ensure_open()
         with self._read_locked(flush=False):
             pass
+
+    def writes_logged(self, *, rows: int | None = None, delete: bool = False) -> bool:
+        """Whether an add of `rows` rows (or, delete=True, a delete) goes through the write-ahead log, so the record
+        that carries it (and its bump) reaches every process (see Bump.record_end); else it is committed to LanceDB
+        directly and announced by a note."""
+        return self._writer.logs(rows=rows, delete=delete)
+
+    def log_reader(self) -> LogFollower | None:
+        """A reader of the write-ahead log of its own (LogFollower: seek to a position, poll the records past it,
+        each with the bump of the write it carries); None without a log."""
+        return None if self._wal is None else LogFollower(self._wal)
+
+    def log_snapshot(self) -> tuple[tuple[int, int] | None, Snapshot | None]:
+        """(the log's end position, every write generation) read together under the log's append lock: no write's
+        bump is then counted without its record in the log, so a reader that follows the log to that position after
+        this has seen every write the snapshot counts. (None, snapshot) without a log, (None, None) without
+        generations."""
+        gens = self._generations
+        if gens is None:
+            return None, None
+        if self._wal is None or self._read_only:
+            return None, gens.snapshot()
+        with self._wal.locked():
+            return self._wal.end_locked(), gens.snapshot()
+
+    @contextmanager
+    def writes_paused(self) -> Iterator[None]:
+        """Holds the log's flush and append locks (in their order, re-entrant in this thread): no write of any
+        process lands meanwhile, while this thread's own writes go through. For a read-then-write that must not
+        interleave with other writers (the expiry sweep); without a log it holds nothing."""
+        if self._wal is None or self._read_only:
+            yield
+            return
+        with self._wal.flushing(), self._wal.locked():
+            yield
 
     def log_backlog_bytes(self) -> int:
         """Bytes of write-ahead log records not yet committed to LanceDB (a cheap look, no lock; 0 without a log)."""

@@ -365,11 +365,12 @@ def test_log_failures_become_storage_error_and_flush_failures_keep_rows_logged(s
 
     def disk_full(*_a, **_k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(store._wal, "append", disk_full)
+    monkeypatch.setattr(store._wal, "write", disk_full)
     with pytest.raises(StorageError, match="disk is full"):
         store.add(**rows([1, 2], v[:2]))
     monkeypatch.undo()
     assert store.count() == 0
+
     store.add(**rows([1, 2], v[:2]))  # durable in the log
     monkeypatch.setattr(store._tables.flush_table, "merge_insert", disk_full)  # the handle flushes commit through
     with pytest.raises(StorageError, match="No space left"):
@@ -378,6 +379,12 @@ def test_log_failures_become_storage_error_and_flush_failures_keep_rows_logged(s
     monkeypatch.undo()
     assert store.flush() == 2
     assert store._tables.table.count_rows() == 2 and store.get([1, 2])[1]["id"] == 2
+
+    def sync_fails(*_a, **_k):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(store._wal, "sync", sync_fails)  # written, then the fdatasync fails: not acknowledged
+    with pytest.raises(StorageError, match="could not be made durable"):
+        store.add(**rows([9], v[2:3]))
 
 
 def test_large_tables_search_through_lancedb_with_ann_index(tmp_path):
