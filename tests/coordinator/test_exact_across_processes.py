@@ -31,8 +31,9 @@ def run_writer(path, script: str) -> None:
 
 def test_a_writer_without_a_hot_tier_is_seen_by_a_hot_reader(open_memory, tmp_path):
     """The issue's scenario: A (hot tier) adds one memory and searches; B (device='none', another process) adds two
-    more to the namespace. A's next search, and a freshly opened reader's, return all three; the rule that decided
-    is not "complete" until the hot tier was brought back in line."""
+    more to the namespace. A's next search, and a freshly opened reader's, return all three. B's adds are logged,
+    so A's search finds its slot stale and first applies them from the log (catch-up): the hot tier then answers
+    alone, and exactly."""
     rng = np.random.default_rng(1)
     vectors = unit(rng, 3)
     path = tmp_path / "store"
@@ -45,13 +46,28 @@ def test_a_writer_without_a_hot_tier_is_seen_by_a_hot_reader(open_memory, tmp_pa
     assert a.count("n") == 3
     report = a.search(vectors[0], k=10, namespace="n", explain=True)
     assert sorted(h.id for h in report.hits) == [1, 2, 3]
-    assert report.rule == "cold"  # the certificate of the namespace's slot was stale: the cold tier was asked
+    assert report.rule == "complete" and {h.tier for h in report.hits} == {"hot"}  # B's rows applied from the log
     # a fresh reader attached to the same sidecar gets the same answer
     b = open_memory(path, hot_capacity=64)
     assert sorted(h.id for h in b.search(vectors[0], k=10, namespace="n")) == [1, 2, 3]
-    # after the repair on that cold path, the hot tier answers exactly again
-    again = a.search(vectors[2], k=10, namespace="n", explain=True)
-    assert sorted(h.id for h in again.hits) == [1, 2, 3]
+
+
+def test_a_write_that_bypassed_the_log_sends_searches_to_the_cold_tier_until_repaired(open_memory, tmp_path):
+    """B (device='none') adds more rows at once than the log takes: committed to LanceDB directly, announced by a
+    note that carries no rows, so no process can apply it to the hot tier from the log. A's searches of the
+    namespace must ask the cold tier (the slot's certificate is stale) and find every row."""
+    rng = np.random.default_rng(5)
+    vectors = unit(rng, 1101)
+    path = tmp_path / "store"
+    a = open_memory(path, hot_capacity=4096)
+    a.add(vectors=vectors[:1], texts=["one"], namespace="n", ids=[1])
+    assert a.search(vectors[0], k=10, namespace="n", explain=True).rule == "complete"
+    np.save(tmp_path / "big.npy", vectors[1:])
+    run_writer(path, f"memory.add(['x'] * 1100, vectors=np.load({str(tmp_path / 'big.npy')!r}), namespace='n', "
+                     "ids=list(range(2, 1102)))")
+    report = a.search(vectors[500], k=3, namespace="n", explain=True)
+    assert report.hits[0].id == 501 and report.rule == "cold"
+    assert a.count("n") == 1101
 
 
 def test_cold_only_delete_and_upsert_never_come_back_from_the_hot_tier(open_memory, tmp_path):
@@ -86,10 +102,9 @@ def test_whole_store_search_is_exact_after_a_cold_only_write(open_memory, tmp_pa
     assert a.search(vectors[0], k=10, explain=True).rule == "complete"
     run_writer(path, f"memory.add(vectors=np.array([{vectors[2].tolist()}], dtype=np.float32), texts=['c'], "
                      "namespace='y', ids=[3]); memory.delete([2])")
-    report = a.search(vectors[0], k=10, explain=True)
-    assert sorted(h.id for h in report.hits) == [1, 3] and report.rule != "complete"
-    report = a.search(vectors[2], k=10, explain=True)
-    assert sorted(h.id for h in report.hits) == [1, 3]
+    for q in (vectors[0], vectors[2]):
+        report = a.search(q, k=10, explain=True)
+        assert sorted(h.id for h in report.hits) == [1, 3]
 
 
 def test_a_failed_hot_side_leaves_the_namespace_uncertified(open_memory, tmp_path, monkeypatch):
@@ -107,9 +122,11 @@ def test_a_failed_hot_side_leaves_the_namespace_uncertified(open_memory, tmp_pat
 
     monkeypatch.setattr(HotTier, "delete", refuse)
     a.delete([1])
-    monkeypatch.undo()
-    report = a.search(vectors[0], k=10, namespace="n", explain=True)
+    report = a.search(vectors[0], k=10, namespace="n", explain=True)  # the hot tier still refuses: cold
     assert [h.id for h in report.hits] == [2] and report.rule == "cold"
+    monkeypatch.undo()
+    report = a.search(vectors[0], k=10, namespace="n", explain=True)  # the delete applied from the log now
+    assert [h.id for h in report.hits] == [2]
 
 
 _REPLACE = """

@@ -11,6 +11,8 @@ Layout of the file `hot_certificates` in the store folder (little-endian u64 wor
   words 8-9  the sidecar instance: owner pid, start time (ns); 0 = nothing is certified
   word 10    certified writes (the whole store: namespace=None searches)
   word 11    certified unplaced writes
+  words 12-13  the write-ahead log position (generation, offset) up to which every logged write's hot-tier side
+             has been applied (group commit, hot_writes.py); generation 0: not known
   word 16+s  certified generation of slot s
 Reads take no lock (each word one aligned load); every change is made under the store's write lock.
 """
@@ -30,6 +32,7 @@ FILE_NAME = "hot_certificates"
 MAGIC = int.from_bytes(b"TRCERT1\0", "little")
 VERSION = 1
 _EPOCH_PID, _EPOCH_STARTED, _CERT_WRITES, _CERT_UNPLACED = 8, 9, 10, 11
+_APPLIED_GEN, _APPLIED_OFFSET = 12, 13
 _FILE_BYTES = 8 * (FIRST_SLOT_WORD + SLOTS)
 WHOLE_STORE = -1  # the slot of a token for a search over every namespace
 
@@ -95,7 +98,30 @@ class HotCertificates:
         """Slots whose certificate no longer matches their generation."""
         return np.flatnonzero(self._slots != self._gens._array[FIRST_SLOT_WORD:])
 
+    def applied(self) -> tuple[int, int] | None:
+        """The log position up to which the hot tier has every logged write's side (None: not known). Read without
+        a lock: the generation before and after the offset, so a pair torn by a move to a new generation is never
+        taken (set_applied writes the offset first)."""
+        c = self._c
+        for _ in range(8):
+            gen = c[_APPLIED_GEN]
+            offset = c[_APPLIED_OFFSET]
+            if c[_APPLIED_GEN] == gen:
+                return (gen, offset) if gen else None
+        return None
+
+    def covers(self, end: tuple[int, int]) -> bool:
+        """True when the hot tier has the side of the logged write whose record ends at `end`."""
+        applied = self.applied()
+        return applied is not None and applied >= tuple(end)
+
     # ---- changes (under the store's write lock) ----
+    def set_applied(self, position: tuple[int, int] | None) -> None:
+        """Every logged write before `position` has its hot-tier side (None: not known)."""
+        gen, offset = (0, 0) if position is None else position
+        self._c[_APPLIED_OFFSET] = int(offset)  # a reader that sees the new offset with the old generation stays low
+        self._c[_APPLIED_GEN] = int(gen)
+
     def advance(self, bump: Bump | None, epoch: tuple[int, int]) -> None:
         """After a write whose hot-tier side was done in full (rows placed or dropped, totals published): each
         certificate that was current just before the write's bump is current after it. One that was not stays stale:
@@ -116,11 +142,13 @@ class HotCertificates:
         self._c[_EPOCH_PID] = 0
         self._c[_EPOCH_STARTED] = 0
 
-    def certify_all(self, snap: Snapshot, epoch: tuple[int, int]) -> bool:
+    def certify_all(self, snap: Snapshot, epoch: tuple[int, int], *, consistent: bool = False) -> bool:
         """The hot tier was made to match the cold tier as it stood at `snap` (taken before the cold tier was read):
-        certify everything at `snap`, unless a write came since (a certificate must never claim a write the hot
-        tier did not see). The instance is written last, so no reader takes the new words for the old instance's."""
-        if self._g[WORD_WRITES] != snap.writes:
+        certify everything at `snap`. A snapshot taken with the log (ColdStore.log_snapshot: `consistent`) counts
+        no write whose record the cold read missed, and any write since shows as a newer generation; another one
+        might, so it certifies only when no write came since (a certificate must never claim a write the hot tier
+        did not see). The instance is written last, so no reader takes the new words for the old instance's."""
+        if not consistent and self._g[WORD_WRITES] != snap.writes:
             return False
         self._slots[:] = snap.slots
         self._c[_CERT_UNPLACED] = snap.unplaced
@@ -128,12 +156,15 @@ class HotCertificates:
         self._c[_EPOCH_PID], self._c[_EPOCH_STARTED] = epoch
         return True
 
-    def certify_slot(self, slot: int, generation: int, unplaced: int, writes: int, epoch: tuple[int, int]) -> bool:
+    def certify_slot(self, slot: int, generation: int, unplaced: int, writes: int, epoch: tuple[int, int], *,
+                     consistent: bool = False) -> bool:
         """Slot `slot` was repaired against the cold tier at (generation, unplaced), read before it was: certify it
-        if no write to it came since; the whole store too once no slot is stale (writes: read before the repair)."""
+        (with a `consistent` snapshot, as certify_all says; else only if no write to it came since); the whole store
+        too once no slot is stale (writes: read before the repair)."""
         g = self._g
-        if not self.epoch_matches(epoch) or self._c[_CERT_UNPLACED] != unplaced or \
-                g[FIRST_SLOT_WORD + slot] != generation or g[WORD_UNPLACED] != unplaced:
+        if not self.epoch_matches(epoch) or self._c[_CERT_UNPLACED] != unplaced:
+            return False
+        if not consistent and (g[FIRST_SLOT_WORD + slot] != generation or g[WORD_UNPLACED] != unplaced):
             return False
         self._slots[slot] = generation
         if self._c[_CERT_WRITES] != writes and g[WORD_WRITES] == writes and self.stale_slots().size == 0:
@@ -172,7 +203,7 @@ def repair(hot, cold, certs: HotCertificates, epoch: tuple[int, int], slot: int 
     covers a write the repair did not see."""
     gens = cold.generations
     full = slot is None or not certs.epoch_matches(epoch) or certs._c[_CERT_UNPLACED] != gens.unplaced()
-    snap = gens.snapshot()
+    position, snap = cold.log_snapshot()
     table = hot.namespace_table()  # hash -> (hot rows, published total)
     cold_totals = {namespace_hash(ns): n for ns, n in cold.namespace_counts().items()}
 
@@ -188,6 +219,10 @@ def repair(hot, cold, certs: HotCertificates, epoch: tuple[int, int], slot: int 
     totals = {h: 0 for h in table if in_scope(h)}
     totals.update({h: n for h, n in cold_totals.items() if in_scope(h)})
     hot.set_namespace_totals(totals)
+    consistent = position is not None
     if full:
-        return certs.certify_all(snap, epoch)
-    return certs.certify_slot(slot, int(snap.slots[slot]), snap.unplaced, snap.writes, epoch)
+        certified = certs.certify_all(snap, epoch, consistent=consistent)
+        if certified and certs.applied() is None:
+            certs.set_applied(position)  # the log's writes up to here are in what the repair read
+        return certified
+    return certs.certify_slot(slot, int(snap.slots[slot]), snap.unplaced, snap.writes, epoch, consistent=consistent)

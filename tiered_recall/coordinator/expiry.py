@@ -122,13 +122,14 @@ def refreshed(memory: "TieredMemory", memories: list[Memory]) -> dict[int, Memor
 
 def sweep_expired(memory: "TieredMemory", candidates: set[int]) -> int:
     """Deletes the expired memories among candidates and among every memory with a time to live; each is read again
-    under the store's write lock first, so one that another process has just refreshed is kept."""
+    while no other process can write (the store's write lock, and the log's locks that logged writes take), so one
+    that another process has just refreshed is kept."""
     if memory._closed or memory.read_only:
         return 0
     ids = set(candidates) | {int(i) for i in memory.cold.ids_where(HAS_EXPIRY_SQL)}
     if not ids:
         return 0
-    with memory._lock, memory._write_lock.held():
+    with memory._lock, memory._write_lock.held(), memory.cold.writes_paused():
         now_us = time.time_ns() // 1000
         rows = memory.cold.get(np.fromiter(ids, dtype=np.int64, count=len(ids)))
         expired = [int(r["id"]) for r in rows if r is not None and memory_of(r).expired(now_us)]

@@ -18,6 +18,7 @@ from ..namespaces import namespace_hash
 from ..hot import HotTier, sidecar_args, sidecar_executable, start_sidecar
 from ..storage._generations import slot_of
 from .certificates import HotCertificates, repair
+from .hot_writes import LoggedWrites
 from .placement import Placement
 from .write_lock import StoreWriteLock
 
@@ -28,6 +29,10 @@ RECONNECT_BACKOFF_S = 1.0
 # certify them, so it takes at most this share of the process's time, like a resync.
 REPAIR_MAX_SHARE = 0.1
 SIDECAR_LOCK_FILE = ".sidecar.lock"
+# How long a logged write waits for its hot-tier side when another process holds the store's write lock (that
+# holder, or the next, applies it), and how often it looks meanwhile.
+PUBLISH_WAIT_S = 0.002
+PUBLISH_POLL_S = 0.0002
 
 
 def sidecar_name_of(path: str | os.PathLike) -> str:
@@ -98,6 +103,7 @@ class HotLink:
         self.option = option  # how the caller spells an option (API keyword or CLI flag)
         self.sidecar_name = sidecar_name_of(path)
         self.certs = HotCertificates(path, cold.generations) if device != "none" else None
+        self.logged = LoggedWrites(cold, placement, self.certs, publish_totals) if self.certs is not None else None
         self.hot: HotTier | None = None
         self.epoch = (0, 0)  # the attached sidecar's instance, which the certificates must name
         self.error: str | None = None
@@ -219,13 +225,16 @@ class HotLink:
     def warm(self, hot: HotTier) -> None:
         """Fills a fresh hot tier and publishes totals: the namespaces the policy keeps whole first
         (Policy.warm_namespaces), then the most recent rows of the cold tier while there is room; then certifies
-        it at the write generations read before the cold tier was. Under the write lock: a total read here and
-        published after another process's add would be stale."""
+        it at the write generations read (with the log's position) before the cold tier was; what was logged since
+        is applied by the next holder of the lock (hot_writes.py). Under the write lock: a total read here and published after another process's add would be
+        stale."""
         with self.write_lock.held():
             self.certs.invalidate()
-            snap = self.cold.generations.snapshot()
+            position, snap = self.cold.log_snapshot()
             self._fill(hot)
-            self.certs.certify_all(snap, self.epoch)
+            if self.certs.certify_all(snap, self.epoch, consistent=position is not None):
+                # what was logged while the fill read is applied by the next holder of the lock, in order
+                self.certs.set_applied(position)
 
     def rewarm(self, hot: HotTier) -> None:
         """Clears a hot tier that holds rows the cold tier does not, and fills it again."""
@@ -278,8 +287,10 @@ class HotLink:
             return
         slot = None if namespace is None else slot_of(namespace_hash(namespace))
         with self.write_lock.held(wait=False) as got:
+            if got and self.logged is not None:  # the slot may only be waiting for logged writes
+                self.call(lambda h: self.logged.apply(h, self.epoch))
             if not got or self.certs.check(slot, self.epoch) is not None:
-                return  # a writer is at work, or another process repaired it meanwhile
+                return  # a writer is at work, or the slot is current again
             started = time.monotonic()
             try:
                 repair(hot, self.cold, self.certs, self.epoch, slot)
@@ -292,20 +303,64 @@ class HotLink:
                 self.placement.invalidate()  # the repair moved rows under this process's hot set: resync first
                 self._next_repair = started + (time.monotonic() - started) / REPAIR_MAX_SHARE
 
-    # ---- after this process's writes ----
-    def after_own_write(self, bump, *, hot_side_done: bool) -> None:
-        """Under the write lock: certificates that were current stay current when the hot tier got its side of the
-        write in full; the placement's tracking stays valid when no other process's write came between."""
+    # ---- the hot side of writes (group commit: hot_writes.py) ----
+    def publish(self, bump, own_side=None) -> bool:
+        """After a write to the cold tier: gives the hot tier its side of it and of every write logged before it
+        (any process's). False only when the hot tier could not be reached (the caller keeps its rows for later).
+
+        A logged write does not queue for the store's write lock: when another holder has it, this waits at most
+        PUBLISH_WAIT_S for that holder (or a later one) to apply its record, then leaves it to the next holder or
+        to the next search of its slot (catch_up); its slots stay stale until then, so nothing is answered
+        without it. A write that bypassed the log holds the lock already (it keeps its place in the log's
+        order), and own_side(hot) does its side where its note is reached."""
         if bump is None:
-            return
-        if hot_side_done and self.certs is not None and self.hot is not None:
-            self.certs.advance(bump, self.epoch)
-        self.placement.note_own_write(bump)
+            return True  # nothing was written
+        if self.logged is None:
+            return False
+        if bump.record_end is not None:
+            deadline = time.monotonic() + PUBLISH_WAIT_S
+            while not self.logged.covers(bump.record_end):
+                with self.write_lock.held(wait=False) as got:
+                    if got:
+                        if not self.logged.covers(bump.record_end):
+                            return self.call(lambda hot: self.logged.apply(hot, self.epoch)) is not None
+                        return True
+                if time.monotonic() >= deadline:
+                    return True  # pending: the next holder applies it
+                time.sleep(PUBLISH_POLL_S)
+            return True
+        if bump.note_at is not None and own_side is not None:
+            with self.write_lock.held():
+                done = self.call(lambda hot: self.logged.apply(hot, self.epoch, own_note=bump.note_at,
+                                                               own_side=lambda: own_side(hot)))
+                return bool(done)
+        return False  # no record carries it: its rows reach the hot tier through the backlog
+
+    def catch_up(self, ns_hash: int | None):
+        """On a search whose scope is stale: applies the writes logged but not yet applied (when no other holder
+        has the store's write lock), and reads the certificate again (a token, or None)."""
+        if self.logged is None or self.hot is None:
+            return None
+        with self.write_lock.held(wait=False) as got:
+            if not got:
+                return None
+            if self.call(lambda hot: self.logged.apply(hot, self.epoch)) is None:
+                return None
+        return self.token(ns_hash)
+
+    def note_own_write(self, bump) -> None:
+        """The placement's tracking stays valid when no other process's write came between."""
+        if bump is not None:
+            self.placement.note_own_write(bump)
 
     def flush_backlog(self, hot: HotTier) -> None:
         """Inserts rows acknowledged while the hot tier was unreachable (read back from the cold tier)."""
         if not self.backlog:
             return
+        with self.write_lock.held():  # like a promotion: exact copies, in order with every write's hot side
+            self._flush_backlog_locked(hot)
+
+    def _flush_backlog_locked(self, hot: HotTier) -> None:
         backlog, self.backlog = list(self.backlog), set()
         hs = self.placement.hotset
         rows = [r for r in self.cold.get(backlog) if r is not None and (hs is None or r["id"] not in hs)]
@@ -325,6 +380,8 @@ class HotLink:
         if self.hot is not None:
             self.hot.close()
             self.hot = None
+        if self.logged is not None:
+            self.logged.close()
         if self.certs is not None:
             self.certs.close()
 

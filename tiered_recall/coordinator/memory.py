@@ -2,6 +2,7 @@
 must, and merges (the parts: link.py, placement.py, rules.py, validate.py, records.py, store_folder.py)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import threading
@@ -235,29 +236,32 @@ class TieredMemory:
             expires_us = time.time_ns() // 1000 + int(ttl * 1e6)
             metas = [{**(meta or {}), EXPIRES_KEY: expires_us, TTL_KEY: ttl} for meta in metas]
         self._check_writable()
-        with self._lock, self._write_lock.held():
+        # A logged add takes the store's write lock only for the hot side (group commit, hot_writes.py); one that
+        # bypasses the log holds it throughout, so its hot side keeps its place in the log's order.
+        direct = not self.cold.writes_logged(rows=n)
+        with self._lock, (self._write_lock.held() if direct else contextlib.nullcontext()):
             bump = self.cold.add(ids=id_arr, vectors=vecs, namespaces=[namespace] * n, texts=text_list,
                                  sessions=sessions, roles=roles, created_at_us=created, metadata=metas)
             self._placement.tick += 1
             for i in range(n):
                 self._cache.remember(make_memory(int(id_arr[i]), text_list[i], namespace, sessions[i], roles[i],
                                                  int(created[i]), metas[i] or {}))
-            # the namespace written into, and those an upsert moved rows out of
-            touched = {namespace} | set(bump.namespaces or ()) if bump is not None else {namespace}
-            totals = {ns: self.cold.count(ns) for ns in touched}
 
-            def to_hot(hot) -> bool:
+            def own_side(hot) -> None:
+                # the namespace written into, and those an upsert moved rows out of
+                touched = {namespace} | set(bump.namespaces or ())
+                totals = {ns: self.cold.count(ns) for ns in touched}
                 self.policy.set_sizes(totals)
                 publish_totals(hot, totals)  # before the rows: a reader sees hot < total, asks cold
                 self._placement.place(hot, id_arr, vecs, [namespace] * n, created)
-                return True
+                self._link.certs.advance(bump, self._link.epoch)
 
-            done = self._link.call(to_hot) is not None
+            done = self._link.publish(bump, own_side)
             if not done and self.device != "none":
                 self._link.backlog.update(int(i) for i in id_arr)
                 self._placement.bounds.discard(int(i) for i in id_arr)
                 self._placement.fold_cold(namespace, id_arr, vecs, created)  # cold-only until the backlog goes
-            self._link.after_own_write(bump, hot_side_done=done)
+            self._link.note_own_write(bump)
         self._metrics.observe_add(n, time.perf_counter() - started)
         return [int(i) for i in id_arr]
 
@@ -268,20 +272,17 @@ class TieredMemory:
         if id_arr.size == 0:
             return 0
         self._check_writable()
-        with self._lock, self._write_lock.held():
-            # the namespaces of the rows, from the cold tier's in-memory mirror: a LanceDB query here
-            # would lengthen the section every writing process waits for (benchmarks/soak.py)
-            namespaces = set(self.cold.vectors_of(id_arr)["namespace"])
+        # Every delete's record carries its bump (a logged one, or the note of one that bypassed the log), so its
+        # hot side is applied from the log like an add's (hot_writes.py).
+        direct = not self.cold.writes_logged(delete=True)
+        with self._lock, (self._write_lock.held() if direct else contextlib.nullcontext()):
             listed = [int(i) for i in id_arr]
-            hot_done = self._link.call(lambda hot: self._placement.hot_delete(hot, listed) or True) is not None
-            self._placement.bounds.discard(listed)
             deleted, bump = self.cold.delete_rows(id_arr)
+            self._placement.bounds.discard(listed)
             self._cache.drop(listed)
             self._link.backlog.difference_update(listed)
-            counts = {ns: self.cold.count(ns) for ns in namespaces | set(bump.namespaces or () if bump else ())}
-            self.policy.set_sizes(counts)
-            published = self._link.call(lambda hot: publish_totals(hot, counts) or True) is not None
-            self._link.after_own_write(bump, hot_side_done=hot_done and published)
+            self._link.publish(bump)
+            self._link.note_own_write(bump)
         return int(deleted)
 
     def _check_writable(self) -> None:
@@ -605,6 +606,8 @@ class TieredMemory:
         try:
             ns_hash = None if namespace is None else namespace_hash(namespace)
             token = link.token(ns_hash)
+            if token is None:
+                token = link.catch_up(ns_hash)
             fetched = min(fetch, hot.max_k)
             res = hot.search(q, k=fetched, namespace_hash=ns_hash)
             ids, scores = res.ids[0, : res.hits], res.scores[0, : res.hits]
@@ -700,6 +703,8 @@ class TieredMemory:
             "latency": paths,
             "rules": self._rule_stats.summary(),
             "rows_moved": dict(self._moves),
+            # the hot side of logged writes this process applied for every process (group commit)
+            "hot_writes": self._link.logged.figures() if self._link.logged is not None else None,
             "expiry": self._expiry.stats(),
             "store_metrics": StoreMetrics(self.path).summary(),  # every process of the store, added up
             "cached_memories": len(self._cache),  # texts and metadata of rows searches returned
