@@ -7,6 +7,7 @@
 #include "server.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,10 +52,11 @@ int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, voi
     s->id_scratch = malloc((size_t)h->max_search_queries * h->max_k * sizeof(int64_t));
     s->score_scratch = malloc((size_t)h->max_search_queries * h->max_k * sizeof(float));
     s->suspect_seq = calloc(h->slot_count, sizeof(uint32_t));
+    s->swept_seq = calloc(h->slot_count, sizeof(uint32_t));
     s->suspect_sweeps = calloc(h->slot_count, sizeof(uint8_t));
     s->meta_scratch = malloc((size_t)h->max_upsert_rows * 3 * sizeof(int64_t));
     if (!s->query_scratch || !s->id_scratch || !s->score_scratch || !s->suspect_seq || !s->suspect_sweeps ||
-        !s->meta_scratch) {
+        !s->swept_seq || !s->meta_scratch) {
         snprintf(err, errlen, "out of memory for request scratch space");
         return -1;
     }
@@ -72,6 +74,8 @@ int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, voi
     }
     s->gather_ns = opt->gather_ns;
     s->last_client_seen_ns = tr_now_ns();
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    s->cores = cores > 0 ? (uint32_t)cores : 1;
     return tr_store_init(&s->store, h->dim, h->capacity, h->max_upsert_rows, tr_ns_table(seg->base, h),
                          h->ns_entries, &h->namespaces, ops, backend, err, errlen);
 }
@@ -82,6 +86,7 @@ void tr_server_free(tr_server *s) {
     free(s->id_scratch);
     free(s->score_scratch);
     free(s->suspect_seq);
+    free(s->swept_seq);
     free(s->suspect_sweeps);
     free(s->meta_scratch);
     for (int i = 0; i < 3; i++) free(s->owned[i]);
@@ -519,11 +524,16 @@ static int serve_ready(tr_server *s) {
 static void sweep(tr_server *s, uint64_t now) {
     tr_header *h = s->h;
     __atomic_store_n(&h->heartbeat_ns, now, __ATOMIC_RELEASE);
+    uint32_t used = 0;
     for (uint32_t i = 0; i < s->geo.slot_count; i++) {
         tr_slot *slot = tr_slot_at(s->seg->base, &s->geo, i);
         uint32_t st = tr_load_acquire(&slot->state);
         int32_t owner = slot->owner_pid;
         uint32_t seq = slot->seq;
+        /* a client claims the slot of its pid first, so the slots used since the last sweep count the busy
+         * client processes */
+        used += seq != s->swept_seq[i];
+        s->swept_seq[i] = seq;
         int held = st == TR_SLOT_CLAIMED || st == TR_SLOT_DONE;
         if (!held || (owner != 0 && tr_pid_alive(owner))) {
             s->suspect_sweeps[i] = 0;
@@ -556,6 +566,7 @@ static void sweep(tr_server *s, uint64_t now) {
         }
     }
     if (live) s->last_client_seen_ns = now;
+    s->busy_clients = used;
 }
 
 int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
@@ -601,8 +612,12 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
          * a search longer than idle_spin_ns (4M x 768 rows take ~1.5 ms on the GPU) would otherwise let the
          * server go to sleep, and stop the persistent kernel, before its client could send the next one. */
         if (busy) continue; /* in flight or gathering: keep polling */
-        if (now - last_busy < s->opt.idle_spin_ns) {
-            tr_cpu_relax();
+        /* The idle spin keeps the next request's latency low while the clients leave a core free; once there are
+         * as many busy client processes as cores, a spinning server takes a core from them (their own work, and the
+         * writes they wait on), so it sleeps on the doorbell at once. While it spins it hands the core to any
+         * other runnable task at each clock read (the yield returns at once when there is none). */
+        if (now - last_busy < s->opt.idle_spin_ns && s->busy_clients < s->cores) {
+            sched_yield();
             continue;
         }
         if (s->ops->idle) s->ops->idle(s->backend);

@@ -34,6 +34,9 @@ typedef struct tr_server {
     uint32_t *suspect_seq;  /* per slot: seq seen with a dead owner at the last sweep */
     uint8_t *suspect_sweeps; /* per slot: consecutive sweeps it was seen so (0 = not suspect) */
     uint64_t last_client_seen_ns;
+    uint32_t *swept_seq;    /* per slot: seq at the last sweep */
+    uint32_t busy_clients;  /* slots used between the last two sweeps: the client processes at work */
+    uint32_t cores;         /* online cores: the idle spin is kept only while the clients leave one free */
     struct search_batch *batch; /* searches being gathered for search_many (NULL: not batched) */
     struct search_batch *flight; /* the batch submitted to the backend, not yet published (or NULL) */
     struct search_batch *owned[3];     /* gathering, in flight, being published: all allocations */
