@@ -1,17 +1,22 @@
 """Many processes over one store: aggregate operations per second of the workers' busy time, and p50 / p99 per
-operation, for 1, 2, 4, 8 (and 16) worker processes, each with the same mix of searches, single adds and deletes.
+operation, for 1, 2, 4, 8 and 16 worker processes, each with the same mix of searches, single adds and deletes.
 
-Every worker opens the same store (raw vectors, 50 namespaces loaded beforehand) and runs its mix for --seconds;
-"busy time" is the sum of each worker's time inside store calls, so a machine with fewer cores than workers is not
-counted as idle. Draws throughput against processes as a PNG with --png (matplotlib, the bench extra).
+Every worker opens the same store (50 namespaces loaded beforehand, copied afresh for each run) and runs its mix
+for --seconds; "busy time" is the sum of each worker's time inside store calls, so a machine with fewer cores than
+workers is not counted as idle. --embedder none stores raw 256-d vectors; --embedder default stores texts with the
+default preset (its embedder and stages: every add embeds its text, every search its query). Each row also gives
+the hot tier's share of searches and the repairs of stale slots. Draws throughput against processes as a PNG with
+--png (matplotlib, the bench extra).
 
-    python benchmarks/many_processes.py --processes 1 2 4 8 --mix 95/5 70/30 --seconds 20 --json out.json --png out.png
+    python benchmarks/many_processes.py --processes 1 2 4 8 16 --mix 95/5 70/30 --seconds 20 --json out.json --png out.png
+    python benchmarks/many_processes.py --embedder default --processes 1 2 4 8 --mix 95/5 --seconds 20
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing as mp
+import shutil
 import statistics
 import tempfile
 import time
@@ -30,49 +35,75 @@ def unit(rng, n):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def worker(path: str, device: str, seconds: float, search_share: float, delete_share: float, seed: int,
-           start_at: float, out) -> None:
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+         "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
+
+
+def sentence(rng) -> str:
+    return "memory about " + " ".join(rng.choice(WORDS, 6))
+
+
+def open_store(path, device: str, embedder: str, **options) -> TieredMemory:
+    if embedder == "none":
+        return TieredMemory(path, dim=DIM, embedder=None, device=device, **options)
+    return TieredMemory(path, device=device, **options)  # the default preset, and its embedder
+
+
+def worker(path: str, device: str, embedder: str, seconds: float, search_share: float, delete_share: float,
+           seed: int, start_at: float, out) -> None:
     rng = np.random.default_rng(seed)
     times: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
     mine: list[int] = []
-    with TieredMemory(path, dim=DIM, embedder=None, device=device) as memory:
+    texts = embedder != "none"
+    with open_store(path, device, embedder) as memory:
         while time.time() < start_at:  # every worker starts together, after its own open
             time.sleep(0.005)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             ns = f"n{int(rng.integers(NAMESPACES))}"
             draw = rng.random()
-            t0 = time.perf_counter()
             if draw < search_share:
-                memory.search(unit(rng, 1)[0], k=10, namespace=ns)
+                query = sentence(rng) if texts else unit(rng, 1)[0]
+                t0 = time.perf_counter()
+                memory.search(query, k=10, namespace=ns)
                 kind = "search"
             elif draw < search_share + delete_share and mine:
-                memory.delete([mine.pop(int(rng.integers(len(mine))))])
+                victim = mine.pop(int(rng.integers(len(mine))))
+                t0 = time.perf_counter()
+                memory.delete([victim])
                 kind = "delete"
             else:
-                mine += memory.add(["m"], vectors=unit(rng, 1), namespace=ns)
+                text, vectors = (sentence(rng), None) if texts else ("m", unit(rng, 1))
+                t0 = time.perf_counter()
+                mine += memory.add([text], vectors=vectors, namespace=ns)
                 kind = "add"
             times[kind].append(time.perf_counter() - t0)
-    out.put(times)
+        stats = memory.stats()
+    out.put({"times": times, "hot_hit_rate": stats.get("hot_hit_rate"), "repairs": stats["rows_moved"]["repairs"],
+             "cpu_s": time.process_time()})
 
 
-def run(path: Path, device: str, processes: int, seconds: float, search_share: float, delete_share: float) -> dict:
+def run(path: Path, device: str, embedder: str, processes: int, seconds: float, search_share: float,
+        delete_share: float) -> dict:
     context = mp.get_context("spawn")
     out = context.Queue()
-    start_at = time.time() + 3.0 + 0.3 * processes
-    workers = [context.Process(target=worker, args=(str(path), device, seconds, search_share, delete_share, 1000 + i,
-                                                    start_at, out)) for i in range(processes)]
+    start_at = time.time() + (3.0 if embedder == "none" else 10.0) + 0.3 * processes
+    workers = [context.Process(target=worker, args=(str(path), device, embedder, seconds, search_share, delete_share,
+                                                    1000 + i, start_at, out)) for i in range(processes)]
     for w in workers:
         w.start()
-    results = [out.get(timeout=seconds + 300) for _ in workers]
+    reports = [out.get(timeout=seconds + 300) for _ in workers]
     for w in workers:
         w.join(timeout=60)
+    results = [r["times"] for r in reports]
     merged = {kind: [t for r in results for t in r[kind]] for kind in ("search", "add", "delete")}
     busy = sum(sum(t for kind in r for t in r[kind]) for r in results)
     operations = sum(len(v) for v in merged.values())
     row = {"processes": processes, "operations": operations,
            "aggregate_ops_per_s": round(operations / busy * processes, 1) if busy else None,
-           "wall_ops_per_s": round(operations / seconds, 1)}
+           "wall_ops_per_s": round(operations / seconds, 1),
+           "hot_hit_rate": round(statistics.mean(r["hot_hit_rate"] or 0.0 for r in reports), 4),
+           "repairs": sum(r["repairs"] for r in reports)}
     for kind, values in merged.items():
         if values:
             ordered = sorted(values)
@@ -83,32 +114,42 @@ def run(path: Path, device: str, processes: int, seconds: float, search_share: f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--mix", nargs="+", default=["95/5", "70/30"], help="search/write percentages")
     parser.add_argument("--deletes", type=float, default=0.2, help="share of the writes that are deletes")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "none"])
+    parser.add_argument("--embedder", default="none", choices=["none", "default"],
+                        help="none: raw 256-d vectors; default: texts, with the default preset's embedder")
     parser.add_argument("--rows", type=int, default=5000)
     parser.add_argument("--json")
     parser.add_argument("--png")
     args = parser.parse_args()
     rows = []
-    for mix in args.mix:
-        search_pct = float(mix.split("/")[0]) / 100
-        writes = 1 - search_pct
-        for processes in args.processes:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "store"
-                rng = np.random.default_rng(0)
-                with TieredMemory(path, dim=DIM, embedder=None, device=args.device,
-                                  hot_capacity=args.rows * 4) as memory:
-                    per = args.rows // NAMESPACES
-                    for n in range(NAMESPACES):
-                        memory.add(["seed"] * per, vectors=unit(rng, per), namespace=f"n{n}")
-                    row = run(path, args.device, processes, args.seconds, search_pct, writes * args.deletes)
-            row["mix"] = mix
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        seeded = Path(tmp) / "seeded"
+        rng = np.random.default_rng(0)
+        with open_store(seeded, "none", args.embedder) as memory:  # loaded once, copied for every run
+            per = args.rows // NAMESPACES
+            for n in range(NAMESPACES):
+                if args.embedder == "none":
+                    memory.add(["seed"] * per, vectors=unit(rng, per), namespace=f"n{n}")
+                else:
+                    memory.add([sentence(rng) for _ in range(per)], namespace=f"n{n}")
+            memory.cold.flush()
+        for mix in args.mix:
+            search_pct = float(mix.split("/")[0]) / 100
+            writes = 1 - search_pct
+            for processes in args.processes:
+                path = Path(tmp) / f"run-{mix.replace('/', '-')}-{processes}"
+                shutil.copytree(seeded, path, ignore=shutil.ignore_patterns("*.lock", "metrics"))
+                with open_store(path, args.device, args.embedder, hot_capacity=args.rows * 4):  # starts the sidecar
+                    row = run(path, args.device, args.embedder, processes, args.seconds, search_pct,
+                              writes * args.deletes)
+                shutil.rmtree(path, ignore_errors=True)
+                row.update(mix=mix, embedder=args.embedder, device=args.device)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.png:
@@ -121,9 +162,10 @@ def main() -> None:
         for mix in args.mix:
             mine = [r for r in rows if r["mix"] == mix]
             ax.plot([r["processes"] for r in mine], [r["aggregate_ops_per_s"] for r in mine], marker="o",
-                    label=f"search/write {mix}")
+                    label=f"search/write {mix} ({args.embedder if args.embedder != 'none' else 'raw vectors'})")
         ax.set_xlabel("processes")
         ax.set_ylabel("aggregate operations / s (busy time)")
+        ax.set_title(f"one store, {args.device} hot tier")
         ax.set_xscale("log", base=2)
         ax.legend()
         ax.grid(alpha=0.3)
