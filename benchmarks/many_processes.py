@@ -167,6 +167,7 @@ def main() -> None:
         ax.set_ylabel("aggregate operations / s (busy time)")
         ax.set_title(f"one store, {args.device} hot tier")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(args.processes, [str(p) for p in args.processes])
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()

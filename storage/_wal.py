@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import mmap
 import os
 import struct
 import threading
@@ -52,8 +53,7 @@ _PAYLOAD_HEAD = struct.Struct("<II")  # rows, dim
 _MAX_PAYLOAD = 1 << 30
 LOCK_NAME = ".lock"
 FLUSH_LOCK_NAME = ".flush.lock"
-SYNC_LOCK_NAME = ".sync.lock"  # one fdatasync at a time; holds the (generation, offset) made durable
-_SYNCED = struct.Struct("<QQ")
+SYNC_LOCK_NAME = ".sync.lock"  # one fdatasync at a time; its first two words hold the (generation, offset) made durable
 SUFFIX = ".wal"
 
 
@@ -294,6 +294,10 @@ class WriteAheadLog:
         self._append_lock = _FileLock(os.path.join(folder, LOCK_NAME))
         self._flush_lock = _FileLock(probe)
         self._sync_lock = _FileLock(os.path.join(folder, SYNC_LOCK_NAME))
+        if os.fstat(self._sync_lock.fd).st_size < mmap.PAGESIZE:
+            os.ftruncate(self._sync_lock.fd, mmap.PAGESIZE)
+        self._synced_map = mmap.mmap(self._sync_lock.fd, mmap.PAGESIZE)
+        self._synced_words = memoryview(self._synced_map).cast("Q")
         self._flush_probe_fd = os.open(probe, os.O_RDWR)  # for flush_in_progress()
         with self.locked():
             if not self.generations():
@@ -404,12 +408,28 @@ class WriteAheadLog:
         if end is None or self._sync_lock is None:
             os.fdatasync(fd)
             return
+        if self._synced() >= tuple(end):  # a look without the lock first: waiters need not queue for it
+            return
         with self._sync_lock.held():
-            if _SYNCED.unpack(os.pread(self._sync_lock.fd, _SYNCED.size, 0).ljust(_SYNCED.size, b"\0")) >= tuple(end):
+            if self._synced() >= tuple(end):
                 return
             size = os.fstat(fd).st_size
             os.fdatasync(fd)
-            os.pwrite(self._sync_lock.fd, _SYNCED.pack(end[0], size), 0)
+            words = self._synced_words
+            words[1] = size  # the offset first: a reader that sees it with the old generation stays low
+            words[0] = int(end[0])
+
+    def _synced(self) -> tuple[int, int]:
+        """The (generation, offset) up to which the log is known to be durable: two words of the sync lock file,
+        mapped, read generation, offset, generation (aligned loads), so a pair torn by a new generation is not
+        taken."""
+        words = self._synced_words
+        for _ in range(8):
+            gen = words[0]
+            offset = words[1]
+            if words[0] == gen:
+                return gen, offset
+        return 0, 0
 
     def end_locked(self) -> tuple[int, int]:
         """The (generation, offset) past the last intact record (call under locked())."""
@@ -491,6 +511,8 @@ class WriteAheadLog:
                 self._wfd = None
             self._append_lock.close()
             self._flush_lock.close()
+            self._synced_words.release()
+            self._synced_map.close()
             self._sync_lock.close()
 
 
