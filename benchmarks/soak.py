@@ -86,6 +86,7 @@ SETTLE_S = float(os.environ.get("TR_SOAK_SETTLE_S", "15"))  # --settle-s, inheri
 TRACE_FRAMES = int(os.environ.get("TR_SOAK_TRACEMALLOC", "0"))  # --tracemalloc N, inherited likewise
 NATIVE_HEAP_DIR = os.environ.get("TR_SOAK_NATIVE_HEAP")  # --native-heap DIR, inherited likewise
 MIX = os.environ.get("TR_SOAK_MIX", "balanced")  # --mix, inherited likewise
+STAGES = os.environ.get("TR_SOAK_STAGES", "on") == "on"  # --stages, inherited likewise
 # (add, delete) shares of the operations: "balanced" keeps the live rows about constant, so a worker's memory
 # after the run can be compared with its own before; "growing" adds twice what it deletes (the store grows).
 MIX_WRITES = {"balanced": (0.06, 0.06), "growing": (0.08, 0.04)}
@@ -204,7 +205,8 @@ class _Mix:
             add, delete = MIX_WRITES[MIX]
             if r < 0.85 or not self.mine:
                 q = " ".join(rng.choice(self.words, 3))
-                self._timed("search", lambda: m.search(q, k=5, namespace=f"w{w}" if r < 0.5 else None))
+                self._timed("search", lambda: m.search(q, k=5, namespace=f"w{w}" if r < 0.5 else None,
+                                                       stages=None if STAGES else False))
             if 0.85 <= r < 0.85 + add or not self.mine:
                 text = " ".join(rng.choice(self.words, 6)) + f" {w}-{self.i}"
                 self.mine += self._timed("add", lambda: m.add([text], namespace=f"w{w}"))
@@ -676,6 +678,9 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=15.0,
                     help="after the run, each worker and the fresh process also report after this many idle seconds "
                          "(store open, no operations): LanceDB's idle worker threads have exited by then (0: skip)")
+    ap.add_argument("--stages", choices=["on", "off"], default="on",
+                    help="on: text searches run the store preset's stages (the default since the recall work); off: "
+                         "the plain tiered search, as the soaks before it measured")
     ap.add_argument("--mix", choices=sorted(MIX_WRITES), default="balanced",
                     help="balanced: 6 %% adds and 6 %% deletes, so the live rows stay about where --prefill put them "
                          "and each worker's memory after the run is compared with its own before; growing: 8 %% "
@@ -702,6 +707,7 @@ def main() -> None:
     global DEVICE, LANCE_CACHE_MIB, SETTLE_S, TRACE_FRAMES, MIX, PREFILL
     MIX, PREFILL = args.mix, args.prefill
     os.environ["TR_SOAK_MIX"], os.environ["TR_SOAK_PREFILL"] = args.mix, str(args.prefill)
+    os.environ["TR_SOAK_STAGES"] = args.stages
     TRACE_FRAMES = args.tracemalloc
     os.environ["TR_SOAK_TRACEMALLOC"] = str(args.tracemalloc)
     DEVICE = os.environ["TR_SOAK_DEVICE"] = args.device
