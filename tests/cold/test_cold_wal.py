@@ -396,3 +396,29 @@ def test_a_flush_counts_down_the_operations_it_consumed_not_the_ids_it_committed
         assert store.flush() == 3 and store._writer.pending_ops == 0
         assert store.flush() == 0 and store._writer.flushes == 2
         check_store(store, {1, 2, 3}, {7})
+
+
+def test_logged_records_carry_their_bump_and_every_add_is_durable_past_its_record(tmp_path):
+    """The coordinator certifies the hot tier from the bump inside each record (hot_writes.py), and a writer that an
+    earlier fdatasync covered does not sync again: the log's durable position is past every acknowledged record."""
+    from tiered_recall.storage._wal import Deleted, LogFollower
+    with ColdStore(tmp_path / "cold", dim=DIM, background=False) as store:
+        add_bump = store.add(ids=[1, 2], vectors=np.vstack([vec(1), vec(2)]), namespaces=["a", "a"],
+                             texts=["x", "y"], sessions=[None, None], roles=[None, None],
+                             created_at_us=[1, 2], metadata=[None, None])
+        moved_bump = store.add(ids=[2], vectors=np.vstack([vec(3)]), namespaces=["b"], texts=["z"], sessions=[None],
+                               roles=[None], created_at_us=[3], metadata=[None])
+        deleted, delete_bump = store.delete_rows([1])
+        assert deleted == 1 and moved_bump.namespaces == ("a", "b")  # the id's old namespace is touched too
+        for bump in (add_bump, moved_bump, delete_bump):
+            assert bump.record_end is not None and store._wal._synced() >= bump.record_end
+        reader = LogFollower(store._wal)
+        reader.start_at(store._wal.generations()[-1])
+        records = [r for kind, r in reader.poll() if kind in ("rows", "deleted")]
+        reader.close()
+        assert [(r.gen, r.end) for r in records] == [b.record_end for b in (add_bump, moved_bump, delete_bump)]
+        assert isinstance(records[2], Deleted)
+        for record, bump in zip(records, (add_bump, moved_bump, delete_bump)):
+            assert record.bump.namespaces == bump.namespaces and record.bump.writes_before == bump.writes_before
+            np.testing.assert_array_equal(record.bump.slots, bump.slots)
+            np.testing.assert_array_equal(record.bump.slot_before, bump.slot_before)

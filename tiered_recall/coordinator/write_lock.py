@@ -1,4 +1,5 @@
-"""The store's cross-process write lock: commit-then-publish of namespace totals is one step for every process."""
+"""The store's cross-process write lock: one process at a time changes the hot tier (applies the log's writes to it,
+warms, repairs or promotes)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,11 +15,12 @@ class StoreWriteLock:
     """An flock on `<store>/.write.lock`, re-entrant within a thread (add -> reconnect -> warm); other threads of
     this process wait like other processes (an flock per open file).
 
-    Writers hold it from their cold write until their hot side is published, so the published total of a namespace
-    always belongs to the latest commit. `held(wait=False)` yields False at once when another holder has it:
-    promotions and repairs use that, since they are optimisations a search should not wait for. A row read from
-    the cold tier and upserted into the hot tier without the lock could land after another process's delete took
-    it out of the hot tier and before that delete reached the cold tier.
+    A logged write takes it only to apply the hot side of every write logged since the last application (its own
+    and other processes', in log order: hot_writes.py); a write that bypasses the log holds it from before its cold
+    write until its hot side is done, so no other process applies records past its note meanwhile.
+    `held(wait=False)` yields False at once when another holder has it: writers that find it held, promotions and
+    repairs use that. A row read from the cold tier and put into the hot tier without the lock could land after
+    the application of a newer write of the same id.
     """
 
     def __init__(self, store_path: Path) -> None:
