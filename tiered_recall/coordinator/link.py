@@ -29,8 +29,8 @@ RECONNECT_BACKOFF_S = 1.0
 # certify them, so it takes at most this share of the process's time, like a resync.
 REPAIR_MAX_SHARE = 0.1
 SIDECAR_LOCK_FILE = ".sidecar.lock"
-# How long a logged write waits for its hot-tier side when another process holds the store's write lock (that
-# holder, or the next, applies it), and how often it looks meanwhile.
+# How long a logged write looks for its hot-tier side to be applied by another holder of the store's write lock
+# before it queues for the lock itself, and how often it looks meanwhile.
 PUBLISH_WAIT_S = 0.002
 PUBLISH_POLL_S = 0.0002
 
@@ -308,11 +308,12 @@ class HotLink:
         """After a write to the cold tier: gives the hot tier its side of it and of every write logged before it
         (any process's). False only when the hot tier could not be reached (the caller keeps its rows for later).
 
-        A logged write does not queue for the store's write lock: when another holder has it, this waits at most
-        PUBLISH_WAIT_S for that holder (or a later one) to apply its record, then leaves it to the next holder or
-        to the next search of its slot (catch_up); its slots stay stale until then, so nothing is answered
-        without it. A write that bypassed the log holds the lock already (it keeps its place in the log's
-        order), and own_side(hot) does its side where its note is reached."""
+        A logged write does not queue for the store's write lock at first: while another process holds it, this
+        looks for PUBLISH_WAIT_S whether that holder (or a later one) applied its record, and only then queues for
+        the lock (the holder may be a repair or a promotion, which applies nothing). Its slots stay stale until its
+        record is applied, so nothing is answered without it meanwhile. A write that bypassed the log holds the
+        lock already (it keeps its place in the log's order), and own_side(hot) does its side where its note is
+        reached."""
         if bump is None:
             return True  # nothing was written
         if self.logged is None:
@@ -320,13 +321,12 @@ class HotLink:
         if bump.record_end is not None:
             deadline = time.monotonic() + PUBLISH_WAIT_S
             while not self.logged.covers(bump.record_end):
-                with self.write_lock.held(wait=False) as got:
+                wait = time.monotonic() >= deadline  # then queue for the lock: the holder may not be applying
+                with self.write_lock.held(wait=wait) as got:
                     if got:
                         if not self.logged.covers(bump.record_end):
                             return self.call(lambda hot: self.logged.apply(hot, self.epoch)) is not None
                         return True
-                if time.monotonic() >= deadline:
-                    return True  # pending: the next holder applies it
                 time.sleep(PUBLISH_POLL_S)
             return True
         if bump.note_at is not None and own_side is not None:
