@@ -103,7 +103,6 @@ class Note:
     "benign" (versions a compaction or index build made that keep every row)."""
     kind: str
     versions: np.ndarray
-    bump: Bump | None = field(default=None, compare=False)  # never logged with a note: a reader cannot apply one
     gen: int = field(default=0, compare=False)
     offset: int = field(default=0, compare=False)
     end: int = field(default=0, compare=False)
@@ -185,6 +184,25 @@ def decode_rows(payload: bytes) -> Rows:
     columns = json.loads(payload[at:].decode("utf-8"))
     bump = Bump.of_fields(columns[5]) if len(columns) > 5 else None
     return Rows(ids, vectors, created, *columns[:5], bump=bump)
+
+
+def read_position(words: memoryview, at: int) -> tuple[int, int]:
+    """A log position (generation, offset) kept in two words of a shared mapping (words[at], words[at + 1]), read
+    without a lock: generation, offset, generation again (aligned 8-byte loads), so a pair torn by a move to a new
+    generation is never taken; (0, 0) when no pair holds still. write_position writes the offset first."""
+    for _ in range(8):
+        gen = words[at]
+        offset = words[at + 1]
+        if words[at] == gen:
+            return gen, offset
+    return 0, 0
+
+
+def write_position(words: memoryview, at: int, position: tuple[int, int]) -> None:
+    """Stores a position for read_position (one writer at a time): the offset first, so a reader that sees the new
+    offset with the old generation reads a position lower than either, never higher."""
+    words[at + 1] = int(position[1])
+    words[at] = int(position[0])
 
 
 def parse_records(data: bytes, base: int) -> tuple[list[tuple[int, bytes]], int]:
@@ -415,21 +433,12 @@ class WriteAheadLog:
                 return
             size = os.fstat(fd).st_size
             os.fdatasync(fd)
-            words = self._synced_words
-            words[1] = size  # the offset first: a reader that sees it with the old generation stays low
-            words[0] = int(end[0])
+            write_position(self._synced_words, 0, (end[0], size))
 
     def _synced(self) -> tuple[int, int]:
-        """The (generation, offset) up to which the log is known to be durable: two words of the sync lock file,
-        mapped, read generation, offset, generation (aligned loads), so a pair torn by a new generation is not
-        taken."""
-        words = self._synced_words
-        for _ in range(8):
-            gen = words[0]
-            offset = words[1]
-            if words[0] == gen:
-                return gen, offset
-        return 0, 0
+        """The (generation, offset) up to which the log is known to be durable (the sync lock file's first two
+        words, mapped)."""
+        return read_position(self._synced_words, 0)
 
     def end_locked(self) -> tuple[int, int]:
         """The (generation, offset) past the last intact record (call under locked())."""

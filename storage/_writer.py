@@ -83,7 +83,8 @@ class Writer:
         self._stop = threading.Event()
 
     def logs(self, *, rows: int | None = None, delete: bool = False) -> bool:
-        """Whether an add of `rows` rows (or a delete) would be logged rather than committed directly."""
+        """Whether an add of `rows` rows (or a delete) is logged rather than committed directly (a delete checks the
+        mirror again under the append lock, and commits directly if it went meanwhile)."""
         if self.wal is None or self._read_only:
             return False
         if delete:
@@ -93,7 +94,7 @@ class Writer:
     # ---- adds ----------------------------------------------------------------------------------
     def add(self, rows: Rows) -> Bump | None:
         """Upsert checked rows; durable when this returns."""
-        if self.wal is not None and rows.ids.shape[0] <= _WAL_MAX_ROWS:
+        if self.logs(rows=int(rows.ids.shape[0])):
             return self._add_logged(rows)
         batch = build_batch(self._tables.schema, ids=rows.ids, vectors=rows.vectors, namespaces=rows.namespaces,
                             texts=rows.texts, sessions=rows.sessions, roles=rows.roles,
@@ -193,7 +194,7 @@ class Writer:
     # ---- deletes -------------------------------------------------------------------------------
     def delete(self, ids: np.ndarray) -> tuple[int, Bump | None]:
         """Delete checked, unique, non-empty ids: (how many existed, the bump)."""
-        if self.wal is not None and not self._tables.lagging_reads:
+        if self.logs(delete=True):
             done = self._delete_logged(ids)
             if done is not None:
                 return done

@@ -27,12 +27,13 @@ from ..errors import StorageError
 from ..namespaces import namespace_hash
 from ..storage._generations import FIRST_SLOT_WORD, SLOTS, WORD_UNPLACED, WORD_WRITES, Bump, Snapshot, \
     WriteGenerations, slot_of
+from ..storage._wal import read_position, write_position
 
 FILE_NAME = "hot_certificates"
 MAGIC = int.from_bytes(b"TRCERT1\0", "little")
 VERSION = 1
 _EPOCH_PID, _EPOCH_STARTED, _CERT_WRITES, _CERT_UNPLACED = 8, 9, 10, 11
-_APPLIED_GEN, _APPLIED_OFFSET = 12, 13
+_APPLIED_GEN = 12  # and word 13, the offset (storage._wal.read_position)
 _FILE_BYTES = 8 * (FIRST_SLOT_WORD + SLOTS)
 WHOLE_STORE = -1  # the slot of a token for a search over every namespace
 
@@ -100,15 +101,9 @@ class HotCertificates:
 
     def applied(self) -> tuple[int, int] | None:
         """The log position up to which the hot tier has every logged write's side (None: not known). Read without
-        a lock: the generation before and after the offset, so a pair torn by a move to a new generation is never
-        taken (set_applied writes the offset first)."""
-        c = self._c
-        for _ in range(8):
-            gen = c[_APPLIED_GEN]
-            offset = c[_APPLIED_OFFSET]
-            if c[_APPLIED_GEN] == gen:
-                return (gen, offset) if gen else None
-        return None
+        a lock (storage._wal.read_position)."""
+        position = read_position(self._c, _APPLIED_GEN)
+        return position if position[0] else None
 
     def covers(self, end: tuple[int, int]) -> bool:
         """True when the hot tier has the side of the logged write whose record ends at `end`."""
@@ -118,9 +113,7 @@ class HotCertificates:
     # ---- changes (under the store's write lock) ----
     def set_applied(self, position: tuple[int, int] | None) -> None:
         """Every logged write before `position` has its hot-tier side (None: not known)."""
-        gen, offset = (0, 0) if position is None else position
-        self._c[_APPLIED_OFFSET] = int(offset)  # a reader that sees the new offset with the old generation stays low
-        self._c[_APPLIED_GEN] = int(gen)
+        write_position(self._c, _APPLIED_GEN, (0, 0) if position is None else position)
 
     def advance(self, bump: Bump | None, epoch: tuple[int, int]) -> None:
         """After a write whose hot-tier side was done in full (rows placed or dropped, totals published): each
