@@ -113,6 +113,7 @@ class HotLink:
         self.closed = False
         self._next_try = 0.0
         self._next_repair = 0.0
+        self._fruitless_catch_up: tuple | None = None  # _write_state() after a catch-up that left its scope stale
 
     def warn(self, message: str) -> None:
         """Logs a warning and keeps it for stats()["hot_warnings"], once per message."""
@@ -338,15 +339,27 @@ class HotLink:
 
     def catch_up(self, ns_hash: int | None):
         """On a search whose scope is stale: applies the writes logged but not yet applied (when no other holder
-        has the store's write lock), and reads the certificate again (a token, or None)."""
+        has the store's write lock), and reads the certificate again (a token, or None). Skipped, at the cost of two
+        loads, while nothing was written or applied since a catch-up that left the scope stale (it needs a repair):
+        the searches of such a slot then take no lock."""
         if self.logged is None or self.hot is None:
+            return None
+        if self._fruitless_catch_up == self._write_state():
             return None
         with self.write_lock.held(wait=False) as got:
             if not got:
                 return None
             if self.call(lambda hot: self.logged.apply(hot, self.epoch)) is None:
                 return None
-        return self.token(ns_hash)
+        token = self.token(ns_hash)
+        if token is None:
+            self._fruitless_catch_up = self._write_state()
+        return token
+
+    def _write_state(self) -> tuple:
+        """The store's count of writes and the position applied to the hot tier: a catch-up can only help once one
+        of them moved."""
+        return self.cold.generations.writes(), self.certs.applied()
 
     def note_own_write(self, bump) -> None:
         """The placement's tracking stays valid when no other process's write came between."""
