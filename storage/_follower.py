@@ -20,8 +20,9 @@ from ._wal import HEADER_SIZE, Deleted, Header, LogFollower, Rows, WriteAheadLog
 # Every row change of a process that logs reaches the mirror through the log (logged rows and deletes, or a
 # "changed" note of a write that bypassed it), so the version only moves the mirror's bookkeeping forward; the ask
 # itself is a round trip into LanceDB's event-loop thread and a listing of _versions, which writers would otherwise
-# make several times per write inside the store's cross-process write lock, and readers once per search.
-_VERSION_CHECK_S = 0.1
+# make several times per write inside the store's cross-process write lock, and readers once per search. With many
+# processes on few cores that round trip waits for the loop thread to be scheduled, so it is asked rarely.
+_VERSION_CHECK_S = 1.0
 _LOAD_ATTEMPTS = 5
 
 

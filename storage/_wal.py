@@ -563,6 +563,12 @@ class LogFollower:
         """(generation, offset) of the next record this follower reads."""
         return self.gen, self.offset
 
+    def has_more(self) -> bool:
+        """True when the log holds records past this position, or a later generation (a cheap look: no read)."""
+        if self.fd is None:
+            return True
+        return os.fstat(self.fd).st_size > self.offset or os.path.exists(self.wal.path_of(self.gen + 1))
+
     def poll(self) -> list:
         """Events since the last poll: ("rows", Rows), ("deleted", Deleted) or ("note", Note) for each new record (with
         the generation and offset it was read at), ("rotated", Header) when a new generation begins, ("gap", None) when generations

@@ -209,16 +209,22 @@ class Writer:
         with self.wal.locked():
             with self._lock:
                 self._life.ensure_open()
-                settled = self._follower.sync_locked()
+                # Every logged write, and the note of every write that bypassed the log, into the mirror: it then
+                # holds every acknowledged row, so the count is exact without asking LanceDB for its version.
+                self._follower.follow_log_locked()
                 mirror = self._follower.mirror
                 if mirror is None:
                     return None
                 deleted = int(mirror.positions(ids).shape[0])
                 if deleted == 0:
-                    # Nothing to delete in the table or the log: no record. Unless the mirror's version lags (deferred
-                    # while another writer works) and a write outside this store's log could hold the ids: commit
-                    # directly.
-                    return (0, None) if settled else None
+                    # Nothing found: the table's version settles whether that holds. Then nothing to delete in the
+                    # table or the log: no record. Unless the mirror's version lags (deferred while another writer
+                    # works) and a write outside this store's log could hold the ids: commit directly.
+                    settled = self._follower.sync_locked()
+                    mirror = self._follower.mirror
+                    deleted = 0 if mirror is None else int(mirror.positions(ids).shape[0])
+                    if deleted == 0:
+                        return (0, None) if settled and mirror is not None else None
                 bump = self._bump_locked(ids, None)
             what = f"log the delete of {ids.size} rows"
             try:

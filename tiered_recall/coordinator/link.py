@@ -33,6 +33,9 @@ SIDECAR_LOCK_FILE = ".sidecar.lock"
 # before it queues for the lock itself, and how often it looks meanwhile.
 PUBLISH_WAIT_S = 0.002
 PUBLISH_POLL_S = 0.0002
+# How long a search whose scope waits for logged writes looks for the lock's holder to apply them (or for the lock)
+# before it reads the cold tier instead: the cold path costs more than this, in time and in the promotions after it.
+CATCH_UP_WAIT_S = 0.002
 
 
 def sidecar_name_of(path: str | os.PathLike) -> str:
@@ -282,14 +285,16 @@ class HotLink:
         """On the cold path of a search that found its slot stale (another process wrote to the cold tier without
         this hot tier, or a write's hot side failed): brings the hot rows of the slot's namespaces (all of them, for
         a search over every namespace) back in line with the cold tier and certifies them (certificates.repair).
-        Skipped while a writer holds the lock, like a promotion, and paced to REPAIR_MAX_SHARE of the time."""
+        Skipped while a writer holds the lock, like a promotion, and while writes logged after the ones it applied
+        are in flight (the slot may be stale only for them); paced to REPAIR_MAX_SHARE of the time."""
         hot = self.hot
         if hot is None or time.monotonic() < self._next_repair:
             return
         slot = None if namespace is None else slot_of(namespace_hash(namespace))
         with self.write_lock.held(wait=False) as got:
             if got and self.logged is not None:  # the slot may only be waiting for logged writes
-                self.call(lambda h: self.logged.apply(h, self.epoch))
+                if self.call(lambda h: self.logged.apply(h, self.epoch)) is not None and self.logged.more_logged():
+                    return  # stale for writes logged since, which their writers apply: nothing to repair
             if not got or self.certs.check(slot, self.epoch) is not None:
                 return  # a writer is at work, or the slot is current again
             started = time.monotonic()
@@ -338,19 +343,26 @@ class HotLink:
         return False  # no record carries it: its rows reach the hot tier through the backlog
 
     def catch_up(self, ns_hash: int | None):
-        """On a search whose scope is stale: applies the writes logged but not yet applied (when no other holder
-        has the store's write lock), and reads the certificate again (a token, or None). Skipped, at the cost of two
+        """On a search whose scope is stale: applies the writes logged but not yet applied, and reads the
+        certificate again (a token, or None). While another process holds the store's write lock it looks for
+        CATCH_UP_WAIT_S whether the holder made the scope current, or let the lock go. Skipped, at the cost of two
         loads, while nothing was written or applied since a catch-up that left the scope stale (it needs a repair):
         the searches of such a slot then take no lock."""
         if self.logged is None or self.hot is None:
             return None
         if self._fruitless_catch_up == self._write_state():
             return None
-        with self.write_lock.held(wait=False) as got:
-            if not got:
-                return None
-            if self.call(lambda hot: self.logged.apply(hot, self.epoch)) is None:
-                return None
+        deadline = time.monotonic() + CATCH_UP_WAIT_S
+        while True:
+            with self.write_lock.held(wait=False) as got:
+                if got:
+                    if self.call(lambda hot: self.logged.apply(hot, self.epoch)) is None:
+                        return None
+                    break
+            token = self.token(ns_hash)  # the holder may have applied what the scope waited for
+            if token is not None or time.monotonic() >= deadline:
+                return token
+            time.sleep(PUBLISH_POLL_S)
         token = self.token(ns_hash)
         if token is None:
             self._fruitless_catch_up = self._write_state()

@@ -655,14 +655,20 @@ class TieredMemory:
         link, placement = self._link, self._placement
         if not trusted:
             link.repair(namespace)
-        with self._write_lock.held(wait=False) as got:  # a writer is at work: promote on a later cold hit
-            if got:
-                if namespace is not None and self.policy.whole_namespace(namespace, placement.tick, hot.capacity):
+        # What is already hot is not promoted again: an uncertified hot answer makes every hit "cold", and taking the
+        # write lock to re-place rows the hot tier holds only makes the writers queue behind the search.
+        whole = namespace is not None and self.policy.whole_namespace(namespace, placement.tick, hot.capacity)
+        if whole:
+            wanted = placement.namespace_to_load(namespace)
+        else:
+            cold_hits = placement.not_hot([i for _, i, tier in ranked if tier == "cold"]) if self.policy.promote else []
+            wanted = bool(cold_hits)
+        if wanted:
+            with self._write_lock.held(wait=False) as got:  # a writer is at work: promote on a later cold hit
+                if got and whole:
                     link.call(lambda h: placement.promote_namespace(h, namespace))
-                elif self.policy.promote:
-                    cold_hits = [i for _, i, tier in ranked if tier == "cold"]
-                    if cold_hits:
-                        link.call(lambda h: placement.promote(h, cold_hits))
+                elif got:
+                    link.call(lambda h: placement.promote(h, cold_hits))
         if "bound" not in self.rules or link.hot is None:
             return
         try:

@@ -307,6 +307,22 @@ class Placement:
             half_life = self.policy.half_life if isinstance(self.policy, LFU) else None
             self.hotset.use(hot_hit_ids, self.tick, half_life)
 
+    def not_hot(self, ids: list[int]) -> list[int]:
+        """Of a search's cold hits, those this process's tracking does not place in the hot tier (all of them while
+        nothing is tracked); the others count as uses, as hot hits do."""
+        hs = self.hotset
+        if hs is None:
+            return list(ids)
+        self.use(i for i in ids if i in hs)
+        return [i for i in ids if i not in hs]
+
+    def namespace_to_load(self, namespace: str) -> bool:
+        """True when promote_namespace has rows to load: the namespace fits the hot tier and the tracking does not
+        place all of it there yet."""
+        hs = self.hotset
+        total = self.cold.count(namespace)
+        return hs is not None and 0 < total <= hs.capacity and hs.per_namespace.get(namespace, 0) < total
+
     def promote(self, hot, ids: list[int]) -> None:
         """Cold hits move into the hot tier (the policy makes room). Under the store's write lock."""
         rows = self.cold.vectors_of(ids)
@@ -315,10 +331,9 @@ class Placement:
 
     def promote_namespace(self, hot, namespace: str) -> None:
         """Loads every row of a namespace the policy keeps whole into the hot tier (when it fits). Under the lock."""
-        hs = self.hotset
-        total = self.cold.count(namespace)
-        if hs is None or total == 0 or total > hs.capacity or hs.per_namespace.get(namespace, 0) >= total:
+        if not self.namespace_to_load(namespace):
             return
+        hs, total = self.hotset, self.cold.count(namespace)
         rows = self.cold.recent(total, namespace=namespace)
         keep = np.array([int(i) not in hs for i in rows["ids"]], dtype=bool)
         if not keep.any():
