@@ -271,19 +271,30 @@ class _FileLock:
         return self._fd
 
     @contextmanager
-    def held(self) -> Iterator[None]:
-        with self.mutex:
+    def held(self, *, wait: bool = True) -> Iterator[bool]:
+        """Holds the lock for the with block, yielding True; with wait=False yields False at once when another
+        process or thread holds it."""
+        if not self.mutex.acquire(blocking=wait):
+            yield False
+            return
+        try:
             self._depth += 1
             try:
                 if self._depth == 1:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX)
+                    try:
+                        fcntl.flock(self._fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        yield False
+                        return
                 try:
-                    yield
+                    yield True
                 finally:
                     if self._depth == 1:
                         fcntl.flock(self._fd, fcntl.LOCK_UN)
             finally:
                 self._depth -= 1
+        finally:
+            self.mutex.release()
 
     def close(self) -> None:
         os.close(self._fd)
@@ -420,20 +431,22 @@ class WriteAheadLog:
 
     def sync(self, fd: int, end: tuple[int, int] | None = None) -> None:
         """Makes what was written to the log file fd is open on durable, up to `end` at least (fdatasync). Group
-        commit across processes: one fdatasync at a time, under the sync lock, covering every record written to the
-        file before it began; a writer whose record an earlier sync covered returns without one (the sync lock file
-        holds the position made durable: a hint, so it is not synced itself)."""
+        commit across processes: an fdatasync covers every record written to the file before it began, and a writer
+        whose record an earlier one covered returns without its own (the sync lock file holds the position made
+        durable: a hint, so it is not synced itself). The fdatasync takes no lock: a writer descheduled while it
+        held one would make every other writer wait for a core (the kernel merges concurrent fdatasyncs of a file);
+        the sync lock covers only the move of the position, and a writer that finds it taken leaves the position to
+        the holder (a later writer then syncs once more than it had to)."""
         if end is None or self._sync_lock is None:
             os.fdatasync(fd)
             return
-        if self._synced() >= tuple(end):  # a look without the lock first: waiters need not queue for it
+        if self._synced() >= tuple(end):
             return
-        with self._sync_lock.held():
-            if self._synced() >= tuple(end):
-                return
-            size = os.fstat(fd).st_size
-            os.fdatasync(fd)
-            write_position(self._synced_words, 0, (end[0], size))
+        covered = (end[0], os.fstat(fd).st_size)  # written before the fdatasync begins: durable when it returns
+        os.fdatasync(fd)
+        with self._sync_lock.held(wait=False) as got:
+            if got and self._synced() < covered:  # never moved back: the position only grows
+                write_position(self._synced_words, 0, covered)
 
     def _synced(self) -> tuple[int, int]:
         """The (generation, offset) up to which the log is known to be durable (the sync lock file's first two

@@ -344,15 +344,17 @@ class HotLink:
 
     def catch_up(self, ns_hash: int | None):
         """On a search whose scope is stale: applies the writes logged but not yet applied, and reads the
-        certificate again (a token, or None). While another process holds the store's write lock it looks for
-        CATCH_UP_WAIT_S whether the holder made the scope current, or let the lock go. Skipped, at the cost of two
+        certificate again (a token, or None). While another process holds the store's write lock, a search of one
+        namespace looks for CATCH_UP_WAIT_S whether the holder made its scope current, or let the lock go. Skipped, at the cost of two
         loads, while nothing was written or applied since a catch-up that left the scope stale (it needs a repair):
         the searches of such a slot then take no lock."""
         if self.logged is None or self.hot is None:
             return None
         if self._fruitless_catch_up == self._write_state():
             return None
-        deadline = time.monotonic() + CATCH_UP_WAIT_S
+        # A search over every namespace waits for no holder: with writers at work somewhere, another write is
+        # nearly always in flight once the holder is done.
+        deadline = time.monotonic() + (CATCH_UP_WAIT_S if ns_hash is not None else 0.0)
         while True:
             with self.write_lock.held(wait=False) as got:
                 if got:

@@ -610,6 +610,8 @@ class TieredMemory:
                 token = link.catch_up(ns_hash)
                 if link.hot is not hot:  # the catch-up found the sidecar gone (and closed this handle)
                     return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-hot", False)
+                if token is None:  # uncertified hot rows are never merged (rules.merge): no need to ask for them
+                    return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "cold", False)
             fetched = min(fetch, hot.max_k)
             res = hot.search(q, k=fetched, namespace_hash=ns_hash)
             ids, scores = res.ids[0, : res.hits], res.scores[0, : res.hits]
