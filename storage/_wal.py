@@ -53,7 +53,7 @@ _PAYLOAD_HEAD = struct.Struct("<II")  # rows, dim
 _MAX_PAYLOAD = 1 << 30
 LOCK_NAME = ".lock"
 FLUSH_LOCK_NAME = ".flush.lock"
-SYNC_LOCK_NAME = ".sync.lock"  # one fdatasync at a time; its first two words hold the (generation, offset) made durable
+SYNC_LOCK_NAME = ".sync.lock"  # its first two words hold the (generation, offset) made durable; the lock, their moves
 SUFFIX = ".wal"
 
 

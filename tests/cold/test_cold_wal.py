@@ -422,3 +422,41 @@ def test_logged_records_carry_their_bump_and_every_add_is_durable_past_its_recor
             assert record.bump.namespaces == bump.namespaces and record.bump.writes_before == bump.writes_before
             np.testing.assert_array_equal(record.bump.slots, bump.slots)
             np.testing.assert_array_equal(record.bump.slot_before, bump.slot_before)
+
+
+def test_a_writer_syncs_while_another_holds_the_sync_lock(tmp_path, monkeypatch):
+    """The log's fdatasync takes no lock (a descheduled holder would stall every writer): with the sync lock held
+    elsewhere an add still syncs and returns, leaving the durable position to the holder; once the lock is free the
+    position moves past the next add, and a reader's look for more records (LogFollower.has_more) sees each one."""
+    import fcntl
+    import threading
+
+    from tiered_recall.storage import _wal
+    from tiered_recall.storage._wal import LogFollower
+
+    syncs = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(_wal.os, "fdatasync", lambda fd: syncs.append(fd) or real_fdatasync(fd))
+    with ColdStore(tmp_path / "cold", dim=DIM, background=False) as store:
+        reader = LogFollower(store._wal)
+        reader.start_at(store._wal.generations()[-1])
+        reader.poll()
+        assert not reader.has_more()
+        before = store._wal._synced()
+        lock_fd = os.open(tmp_path / "cold" / "_wal" / _wal.SYNC_LOCK_NAME, os.O_RDWR)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # another open file: excludes this process's writers too
+        writer = threading.Thread(target=lambda: _add(store, [1]))
+        writer.start()
+        writer.join(30)
+        assert not writer.is_alive() and syncs, "the add waited for the sync lock"
+        assert store._wal._synced() == before  # the position is the holder's to move
+        assert reader.has_more()
+        reader.poll()
+        assert not reader.has_more()
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+        _add(store, [2])
+        assert store._wal._synced() == store._wal.end_locked()  # past the record just written
+        assert reader.has_more()
+        reader.close()
+        check_store(store, {1, 2}, set())

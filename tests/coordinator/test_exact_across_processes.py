@@ -176,3 +176,87 @@ def test_a_process_that_did_not_write_the_rows_reads_no_disk_for_hot_answers(ope
         hits = reader.search(q, k=5, namespace="n")
         assert hits[0].text == f"m{ids.index(hits[0].id)}"
     assert reads == []
+
+
+def _log_cold_only(memory, row_id: int, vector: np.ndarray, namespace: str) -> None:
+    """A write another process could have made: in the cold tier and its log, its hot side not yet applied."""
+    memory.cold.add(ids=[row_id], vectors=vector[None, :], namespaces=[namespace], texts=["cold only"],
+                    sessions=[None], roles=[None], created_at_us=[1], metadata=[None])
+
+
+def test_a_search_waits_briefly_for_the_lock_holder_instead_of_reading_the_cold_tier(open_memory, tmp_path,
+                                                                                      monkeypatch):
+    """A namespace's slot is stale for a logged write while another holder has the store's write lock: the search
+    looks again once the holder let go (here at its first pause), applies the write itself and answers from the
+    hot tier, with the new row."""
+    import threading
+
+    from tiered_recall.coordinator import link as link_module
+    from tiered_recall.coordinator.write_lock import StoreWriteLock
+
+    rng = np.random.default_rng(21)
+    vectors = unit(rng, 3)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors[:2], texts=["a", "b"], namespace="n", ids=[1, 2])
+    _log_cold_only(memory, 3, vectors[2], "n")
+    held, release, released = threading.Event(), threading.Event(), threading.Event()
+
+    def holder() -> None:  # another open file of the lock: it excludes this process's searches like a process's
+        with StoreWriteLock(memory.path).held():
+            held.set()
+            release.wait(30)
+        released.set()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(30)
+    pauses = []
+
+    def pause(seconds: float) -> None:  # the search's first look found the lock taken: let the holder go
+        pauses.append(seconds)
+        release.set()
+        assert released.wait(30)
+
+    monkeypatch.setattr(link_module.time, "sleep", pause)
+    report = memory.search(vectors[2], k=3, namespace="n", explain=True)
+    thread.join(30)
+    assert pauses and report.rule == "complete"
+    assert sorted(h.id for h in report.hits) == [1, 2, 3] and {h.tier for h in report.hits} == {"hot"}
+
+
+def test_a_search_whose_slot_stays_stale_reads_the_cold_tier_without_asking_the_hot_tier(open_memory, tmp_path,
+                                                                                          monkeypatch):
+    """A slot bumped with no record to apply (a writer that died between its bump and its record) stays stale after
+    the catch-up: the hot tier's rows would not be merged, so the search does not ask for them, and its answer is
+    the cold tier's, exact."""
+    rng = np.random.default_rng(22)
+    vectors = unit(rng, 3)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors, texts=["a", "b", "c"], namespace="n", ids=[1, 2, 3])
+    assert memory.search(vectors[0], k=3, namespace="n", explain=True).rule == "complete"
+    memory.cold.generations.bump({"n"})
+    asked = []
+    hot = memory._link.hot
+    real_search = hot.search
+    monkeypatch.setattr(hot, "search", lambda *a, **k: asked.append(1) or real_search(*a, **k))
+    report = memory.search(vectors[0], k=3, namespace="n", explain=True)
+    assert report.rule == "cold" and not asked
+    assert [h.id for h in report.hits][0] == 1 and sorted(h.id for h in report.hits) == [1, 2, 3]
+    # the cold path repaired the slot: the next search is the hot tier's again
+    assert memory.search(vectors[0], k=3, namespace="n", explain=True).rule == "complete" and asked
+
+
+def test_cold_hits_already_hot_are_not_promoted_again(open_memory, tmp_path, monkeypatch):
+    """An uncertified answer labels every hit "cold"; the placement tracks them as hot already, so the cold path
+    neither re-places them nor takes the store's write lock for it."""
+    rng = np.random.default_rng(23)
+    vectors = unit(rng, 3)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors, texts=["a", "b", "c"], namespace="n", ids=[1, 2, 3])
+    placement = memory._placement
+    assert placement.not_hot([1, 2, 3, 99]) == [99]  # 99: not a row of the hot tier
+    promoted = []
+    monkeypatch.setattr(placement, "promote", lambda hot, ids: promoted.append(list(ids)))
+    memory.cold.generations.bump({"n"})
+    report = memory.search(vectors[0], k=3, namespace="n", explain=True)
+    assert report.rule == "cold" and {h.tier for h in report.hits} == {"cold"} and promoted == []
