@@ -577,9 +577,10 @@ class LogFollower:
         return self.gen, self.offset
 
     def has_more(self) -> bool:
-        """True when the log holds records past this position, or a later generation (a cheap look: no read)."""
+        """True when the log holds records past this position, or a later generation (a cheap look: no read);
+        False before the follower was positioned."""
         if self.fd is None:
-            return True
+            return False
         return os.fstat(self.fd).st_size > self.offset or os.path.exists(self.wal.path_of(self.gen + 1))
 
     def poll(self) -> list:

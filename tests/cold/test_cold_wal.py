@@ -439,6 +439,7 @@ def test_a_writer_syncs_while_another_holds_the_sync_lock(tmp_path, monkeypatch)
     monkeypatch.setattr(_wal.os, "fdatasync", lambda fd: syncs.append(fd) or real_fdatasync(fd))
     with ColdStore(tmp_path / "cold", dim=DIM, background=False) as store:
         reader = LogFollower(store._wal)
+        assert not reader.has_more()  # not positioned yet: nothing read to be past
         reader.start_at(store._wal.generations()[-1])
         reader.poll()
         assert not reader.has_more()

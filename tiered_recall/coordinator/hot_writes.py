@@ -72,8 +72,8 @@ class LoggedWrites:
 
     def more_logged(self) -> bool:
         """True when records were logged past where the last apply() stopped: writes in flight, which their writers
-        (or the next holder of the lock) apply; a scope stale only for them needs no repair."""
-        return self._reader is None or self._reader.has_more()
+        (or the next holder of the lock) apply; a scope stale only for them needs no repair. False without a log."""
+        return self._reader is not None and self._reader.has_more()
 
     def _restart(self, hot, epoch: tuple[int, int]) -> None:
         """Checks every hot row against the cold tier and certifies from there, with the position where that read

@@ -30,12 +30,13 @@ RECONNECT_BACKOFF_S = 1.0
 REPAIR_MAX_SHARE = 0.1
 SIDECAR_LOCK_FILE = ".sidecar.lock"
 # How long a logged write looks for its hot-tier side to be applied by another holder of the store's write lock
-# before it queues for the lock itself, and how often it looks meanwhile.
+# before it queues for the lock itself.
 PUBLISH_WAIT_S = 0.002
-PUBLISH_POLL_S = 0.0002
 # How long a search whose scope waits for logged writes looks for the lock's holder to apply them (or for the lock)
 # before it reads the cold tier instead: the cold path costs more than this, in time and in the promotions after it.
 CATCH_UP_WAIT_S = 0.002
+# How often both look meanwhile.
+HOLDER_POLL_S = 0.0002
 
 
 def sidecar_name_of(path: str | os.PathLike) -> str:
@@ -333,7 +334,7 @@ class HotLink:
                         if not self.logged.covers(bump.record_end):
                             return self.call(lambda hot: self.logged.apply(hot, self.epoch)) is not None
                         return True
-                time.sleep(PUBLISH_POLL_S)
+                time.sleep(HOLDER_POLL_S)
             return True
         if bump.note_at is not None and own_side is not None:
             with self.write_lock.held():
@@ -345,9 +346,9 @@ class HotLink:
     def catch_up(self, ns_hash: int | None):
         """On a search whose scope is stale: applies the writes logged but not yet applied, and reads the
         certificate again (a token, or None). While another process holds the store's write lock, a search of one
-        namespace looks for CATCH_UP_WAIT_S whether the holder made its scope current, or let the lock go. Skipped, at the cost of two
-        loads, while nothing was written or applied since a catch-up that left the scope stale (it needs a repair):
-        the searches of such a slot then take no lock."""
+        namespace looks for CATCH_UP_WAIT_S whether the holder made its scope current, or let the lock go. Skipped,
+        at the cost of two loads, while nothing was written or applied since a catch-up that left the scope stale
+        (it needs a repair): the searches of such a slot then take no lock."""
         if self.logged is None or self.hot is None:
             return None
         if self._fruitless_catch_up == self._write_state():
@@ -364,7 +365,7 @@ class HotLink:
             token = self.token(ns_hash)  # the holder may have applied what the scope waited for
             if token is not None or time.monotonic() >= deadline:
                 return token
-            time.sleep(PUBLISH_POLL_S)
+            time.sleep(HOLDER_POLL_S)
         token = self.token(ns_hash)
         if token is None:
             self._fruitless_catch_up = self._write_state()
