@@ -260,3 +260,28 @@ def test_cold_hits_already_hot_are_not_promoted_again(open_memory, tmp_path, mon
     memory.cold.generations.bump({"n"})
     report = memory.search(vectors[0], k=3, namespace="n", explain=True)
     assert report.rule == "cold" and {h.tier for h in report.hits} == {"cold"} and promoted == []
+
+
+def test_a_slot_stale_only_for_a_write_in_flight_is_not_repaired(open_memory, tmp_path, monkeypatch):
+    """A writer bumps its slot after the counters were read with the log's end (so its record is not in the log
+    yet): the slot is stale for the moment, and the search reads the cold tier, exactly, but does not repair the
+    slot under the store's write lock, since the writer applies its own record. The counters are read here just
+    before the writer's bump, and the repair's check is handed that read."""
+    rng = np.random.default_rng(24)
+    vectors = unit(rng, 3)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors, texts=["a", "b", "c"], namespace="n", ids=[1, 2, 3])
+    assert memory.search(vectors[0], k=3, namespace="n", explain=True).rule == "complete"
+    cold = memory.cold
+    before_the_writer = cold.log_snapshot()
+    monkeypatch.setattr(cold, "log_snapshot", lambda: before_the_writer)
+    cold.generations.bump({"n"})  # the writer's bump; its record is not in the log yet
+    repairs = memory._link.moves["repairs"]
+    report = memory.search(vectors[0], k=3, namespace="n", explain=True)
+    assert report.rule == "cold" and sorted(h.id for h in report.hits) == [1, 2, 3]
+    assert memory._link.moves["repairs"] == repairs
+    # a bump the counters' read did count, with no record (its writer died), is repaired as before
+    monkeypatch.setattr(cold, "log_snapshot", cold.__class__.log_snapshot.__get__(cold))
+    memory.search(vectors[0], k=3, namespace="n")
+    assert memory._link.moves["repairs"] == repairs + 1
+    assert memory.search(vectors[0], k=3, namespace="n", explain=True).rule == "complete"

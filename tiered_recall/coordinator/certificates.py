@@ -99,6 +99,17 @@ class HotCertificates:
         """Slots whose certificate no longer matches their generation."""
         return np.flatnonzero(self._slots != self._gens._array[FIRST_SLOT_WORD:])
 
+    def current_at(self, slot: int | None, snap: Snapshot, epoch: tuple[int, int]) -> bool:
+        """True when the certificates of sidecar `epoch` cover every write `snap` counts for `slot` (None: every
+        namespace): a scope stale now is then stale only for writes that began after `snap`. Certificates only
+        move forward through a chain of writes, so one at or past the snapshot's generation has them all."""
+        c = self._c
+        if not self.epoch_matches(epoch):
+            return False
+        if slot is None:
+            return c[_CERT_WRITES] >= snap.writes
+        return c[FIRST_SLOT_WORD + slot] >= int(snap.slots[slot]) and c[_CERT_UNPLACED] >= snap.unplaced
+
     def applied(self) -> tuple[int, int] | None:
         """The log position up to which the hot tier has every logged write's side (None: not known). Read without
         a lock (storage._wal.read_position)."""

@@ -286,18 +286,15 @@ class HotLink:
         """On the cold path of a search that found its slot stale (another process wrote to the cold tier without
         this hot tier, or a write's hot side failed): brings the hot rows of the slot's namespaces (all of them, for
         a search over every namespace) back in line with the cold tier and certifies them (certificates.repair).
-        Skipped while a writer holds the lock, like a promotion, and while writes logged after the ones it applied
-        are in flight (the slot may be stale only for them); paced to REPAIR_MAX_SHARE of the time."""
+        Skipped while a writer holds the lock, like a promotion, and while the slot is stale only for writes in
+        flight (_stale_only_in_flight); paced to REPAIR_MAX_SHARE of the time."""
         hot = self.hot
         if hot is None or time.monotonic() < self._next_repair:
             return
         slot = None if namespace is None else slot_of(namespace_hash(namespace))
         with self.write_lock.held(wait=False) as got:
-            if got and self.logged is not None:  # the slot may only be waiting for logged writes
-                if self.call(lambda h: self.logged.apply(h, self.epoch)) is not None and self.logged.more_logged():
-                    return  # stale for writes logged since, which their writers apply: nothing to repair
-            if not got or self.certs.check(slot, self.epoch) is not None:
-                return  # a writer is at work, or the slot is current again
+            if not got or self._stale_only_in_flight(slot):
+                return  # a writer is at work, or the slot waits only for writes that their writers apply
             started = time.monotonic()
             try:
                 repair(hot, self.cold, self.certs, self.epoch, slot)
@@ -309,6 +306,24 @@ class HotLink:
                 self.moves["repairs"] += 1
                 self.placement.invalidate()  # the repair moved rows under this process's hot set: resync first
                 self._next_repair = started + (time.monotonic() - started) / REPAIR_MAX_SHARE
+
+    def _stale_only_in_flight(self, slot: int | None) -> bool:
+        """Under the write lock, before a repair: applies what was logged, and tells whether the slot (None: every
+        namespace) is current, or stale only for writes still in flight: logged after the ones just applied, or
+        bumped after a snapshot of the counters taken with the log's end (their records were not yet in the log).
+        Their writers apply them; a repair would read the whole scope under the lock for nothing."""
+        if self.certs.check(slot, self.epoch) is not None:
+            return True
+        if self.logged is None:
+            return False
+        if self.call(lambda h: self.logged.apply(h, self.epoch)) is None:
+            return True  # the sidecar is gone: nothing to repair
+        if self.logged.more_logged() or self.certs.check(slot, self.epoch) is not None:
+            return True
+        _, snap = self.cold.log_snapshot()  # every bump it counts has its record in the log
+        if snap is None or self.call(lambda h: self.logged.apply(h, self.epoch)) is None:
+            return snap is not None
+        return self.certs.current_at(slot, snap, self.epoch)
 
     # ---- the hot side of writes (group commit: hot_writes.py) ----
     def publish(self, bump, own_side=None) -> bool:
