@@ -307,3 +307,24 @@ def test_bound_rule_never_changes_an_answer_on_locomo(open_memory):
                     assert_same_answer(report.hits, want_ids, want_scores)
     assert decided_cold > 0
     print(f"LoCoMo: rule 2 decided {bound_checks} searches")
+
+
+def test_a_resync_waits_until_the_store_s_writes_stand_still(open_memory, tmp_path, monkeypatch):
+    """A resync reads the whole store, and any other process's write makes it stale at once: while the write count
+    keeps moving none is due; once it has stood still for RESYNC_QUIET_S (and the pacing allows) one is."""
+    from tiered_recall.coordinator import placement as placement_module
+
+    memory = open_memory(tmp_path / "store", hot_capacity=20)
+    placement = memory._placement
+    clock = [1000.0]
+    monkeypatch.setattr(placement_module.time, "monotonic", lambda: clock[0])
+    placement.next_resync = 0.0
+    assert not placement.resync_due(7)  # the count is new to it: it may still be moving
+    clock[0] += placement_module.RESYNC_QUIET_S / 2
+    assert not placement.resync_due(8)  # it moved
+    clock[0] += placement_module.RESYNC_QUIET_S / 2
+    assert not placement.resync_due(8)  # still for only half the window
+    clock[0] += placement_module.RESYNC_QUIET_S
+    assert placement.resync_due(8)
+    placement.next_resync = clock[0] + 1.0
+    assert not placement.resync_due(8)  # still, but the pacing says not yet

@@ -674,8 +674,9 @@ class TieredMemory:
         if "bound" not in self.rules or link.hot is None:
             return
         try:
-            if not placement.tracking_ok(link.hot, self.cold.generations.writes(), bool(link.backlog)):
-                if time.monotonic() >= placement.next_resync:
+            writes = self.cold.generations.writes()
+            if not placement.tracking_ok(link.hot, writes, bool(link.backlog)):
+                if placement.resync_due(writes):
                     placement.resync(link.hot, write_lock=self._write_lock, rewarm=link.rewarm, cache=self._cache)
             elif namespace is not None:
                 nb = placement.bounds.by_namespace.get(namespace)

@@ -16,6 +16,9 @@ RESYNC_EVERY_S = 2.0  # at most this often, rebuild hot-set tracking and bounds 
 # with other writers at work it would cost O(store) every 2 s per process; until the next one, rule 2 is off for
 # this process and searches read the cold tier.
 RESYNC_MAX_SHARE = 0.1
+# ... and only once the store's writes have stood still this long: a resync read while other processes keep writing
+# is out of date at their next write, before a search can use it, and each one reads the whole store.
+RESYNC_QUIET_S = 0.05
 
 
 def signature(hot) -> tuple:
@@ -42,6 +45,7 @@ class Placement:
         self.expected: tuple | None = None  # signature()[:4] as this process's own changes leave it
         self.writes_seen = -1  # the store's write count the tracking knows of (-1: none)
         self.next_resync = 0.0
+        self._writes_heard = (-1, 0.0)  # the store's write count last seen, and since when it has stood still
         self.tick = 0  # the policy's clock: one tick per search or write
 
     # ---- is the tracking current? ----
@@ -87,8 +91,16 @@ class Placement:
         return bound + scoring.max_boost
 
     # ---- resync: read the hot membership and rebuild every bound ----
+    def resync_due(self, writes_now: int) -> bool:
+        """True when a resync may run: its pacing allows it, and the store's write count has not moved for
+        RESYNC_QUIET_S (as far as the calls here have seen it)."""
+        now = time.monotonic()
+        if writes_now != self._writes_heard[0]:
+            self._writes_heard = (writes_now, now)
+        return now >= self.next_resync and now - self._writes_heard[1] >= RESYNC_QUIET_S
+
     def resync(self, hot, *, write_lock, rewarm, cache) -> None:
-        """At most every RESYNC_EVERY_S (and RESYNC_MAX_SHARE of the time): re-reads which rows the hot tier holds
+        """At most every RESYNC_EVERY_S (and RESYNC_MAX_SHARE of the time; resync_due says when): re-reads which rows the hot tier holds
         (CONTAINS over every cold id) and rebuilds every bound. rewarm(hot) clears and refills a hot tier found to
         hold rows the cold tier does not; cache drops memories whose rows are gone."""
         started = time.monotonic()
