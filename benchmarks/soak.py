@@ -38,7 +38,9 @@ GPU memory (or "no GPU").
 Where a mixed operation's time goes: count, total and mean ms per kind, and the store's cross-process write lock
 (TieredMemory._write_lock.held, timed from outside): total wait, total held, mean held per add and per delete, and
 the share of wall time some process held it. A share near 1.0 means the run is bound by the serialised write
-section (commit + cross-process sync), not by searches or the soak. --profile DIR writes a cProfile per worker;
+section (commit + cross-process sync), not by searches or the soak. The workers' searches by rule and by path and
+their rows moved (repairs and resyncs among them), summed over their whole lives, warm-ups included, tell how often
+the hot tier answered alone and what the cold paths cost. --profile DIR writes a cProfile per worker;
 --tracemalloc N prints, per worker, the Python allocations the last four fifths of its run left behind, by stack;
 --native-heap DIR records worker 0 with memray (every malloc of every library, LanceDB's included) and prints what
 its heap held at the end less what it held at "before", and with its store closed after the run less before it,
@@ -292,7 +294,12 @@ def _worker(store: str, tmp: str, worker: int, ops: int, warmup: int, reopen_war
         after["traced_growth"] = _traced_growth(traced_from, tracemalloc.take_snapshot())
         tracemalloc.stop()
     after.update(_trimmed_figures(me))
-    after["cached_memories"] = memory.stats()["cached_memories"]
+    worker_stats = memory.stats()
+    after["cached_memories"] = worker_stats["cached_memories"]
+    # over the worker's whole life, warm-ups included: repairs and resyncs among the moves, and what answered searches
+    after["rows_moved"] = dict(worker_stats["rows_moved"])
+    after["searches_by_rule"] = {rule: v["searches"] for rule, v in worker_stats["rules"].items()}
+    after["searches_by_path"] = {path: v["searches"] for path, v in worker_stats["latency"].items()}
     after["settled"] = _settled(me)
     after["rss_parts_trimmed_without_cache"] = _without_memory_cache(memory, me)
     after["without_lance_caches"] = _without_lance_caches(memory, me)
@@ -502,6 +509,15 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
 
 # ---- the parent ----------------------------------------------------------------------------------
 
+def _summed(dicts: list[dict]) -> dict:
+    """Key-wise sums of counters."""
+    out: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
+
+
 def _diff_kinds(a: dict, b: dict) -> dict:
     keys = set(a) | set(b)
     return {k: b.get(k, 0) - a.get(k, 0) for k in sorted(keys) if b.get(k, 0) != a.get(k, 0)}
@@ -657,6 +673,9 @@ def run(processes: int, ops: int, warmup: int, profile_dir: str | None = None, p
                                          "threads": (fresh["reference"] or {}).get("threads"),
                                          "errors": fresh["errors"]},
         "parent_rows_moved": parent_stats.get("rows_moved"),
+        "workers_rows_moved": _summed([r["after"]["rows_moved"] for r in results]),
+        "workers_searches_by_rule": _summed([r["after"]["searches_by_rule"] for r in results]),
+        "workers_searches_by_path": _summed([r["after"]["searches_by_path"] for r in results]),
         "after_everything_closed": closed,
     }
 
