@@ -285,3 +285,53 @@ def test_a_slot_stale_only_for_a_write_in_flight_is_not_repaired(open_memory, tm
     memory.search(vectors[0], k=3, namespace="n")
     assert memory._link.moves["repairs"] == repairs + 1
     assert memory.search(vectors[0], k=3, namespace="n", explain=True).rule == "complete"
+
+
+def test_an_add_that_finds_the_write_lock_taken_leaves_its_hot_side_to_others(open_memory, tmp_path, monkeypatch):
+    """While another holder has the store's write lock, a logged add is durable and returns without queueing for
+    the lock: its record waits in the log, its slot stays stale, and searches stay exact (the cold tier answers
+    until someone applies the record; once the lock is free, the next search of the slot applies it and the hot tier
+    answers alone). With more than DEFERRED_LOG_BYTES waiting it queues for the lock as before."""
+    import threading
+    import time
+
+    from tiered_recall.coordinator import link as link_module
+    from tiered_recall.coordinator.write_lock import StoreWriteLock
+
+    rng = np.random.default_rng(25)
+    vectors = unit(rng, 4)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors[:2], texts=["a", "b"], namespace="n", ids=[1, 2])
+    held, release = threading.Event(), threading.Event()
+
+    def holder(hold_s: float) -> None:  # another open file of the lock excludes this process like a process would
+        with StoreWriteLock(memory.path).held():
+            held.set()
+            release.wait(hold_s)
+
+    thread = threading.Thread(target=holder, args=(10.0,))
+    thread.start()
+    assert held.wait(30)
+    started = time.monotonic()
+    memory.add(vectors=vectors[2:3], texts=["c"], namespace="n", ids=[3])
+    assert time.monotonic() - started < 5.0  # it did not wait for the holder
+    assert memory._link.logged.left_to_others == 1
+    report = memory.search(vectors[2], k=3, namespace="n", explain=True)
+    assert report.rule == "cold" and report.hits[0].id == 3 and sorted(h.id for h in report.hits) == [1, 2, 3]
+    release.set()
+    thread.join(30)
+    report = memory.search(vectors[2], k=3, namespace="n", explain=True)
+    assert report.rule == "complete" and [h.id for h in report.hits][0] == 3 and {h.tier for h in report.hits} == {"hot"}
+
+    monkeypatch.setattr(link_module, "DEFERRED_LOG_BYTES", 0)  # too much waiting already: queue for the lock
+    held.clear()
+    release.clear()
+    thread = threading.Thread(target=holder, args=(0.5,))
+    thread.start()
+    assert held.wait(30)
+    started = time.monotonic()
+    memory.add(vectors=vectors[3:4], texts=["d"], namespace="n", ids=[4])
+    assert time.monotonic() - started >= 0.4  # it waited for the lock, then applied its own record
+    thread.join(30)
+    assert memory._link.logged.left_to_others == 1
+    assert memory.search(vectors[3], k=4, namespace="n", explain=True).rule == "complete"

@@ -29,6 +29,7 @@ class LoggedWrites:
         self.applied_records = 0  # records this process applied for any writer (stats)
         self.applications = 0  # times it held the lock and applied at least one record
         self.restarts = 0  # times the position was unknown or gone and every hot row was checked instead
+        self.left_to_others = 0  # this process's writes whose hot side it left to the lock's holder or a search
 
     def close(self) -> None:
         """Closes the log reader."""
@@ -38,6 +39,14 @@ class LoggedWrites:
     def covers(self, end: tuple[int, int]) -> bool:
         """True when the hot tier already has the side of the logged write whose record ends at `end`."""
         return self.certs.covers(end)
+
+    def waiting_bytes(self, end: tuple[int, int]) -> float:
+        """Bytes of the log between the applied position and `end` (a record's end): what the next apply() would
+        read up to it. Infinite when the position is not known or lies in an earlier log generation."""
+        applied = self.certs.applied()
+        if applied is None or applied[0] != end[0]:
+            return float("inf")
+        return max(0, end[1] - applied[1])
 
     def apply(self, hot, epoch: tuple[int, int], *, own_note: tuple[int, int] | None = None,
               own_side: Callable[[], None] | None = None) -> bool:
@@ -128,4 +137,4 @@ class LoggedWrites:
     def figures(self) -> dict:
         """What this process did for the group commit (stats()["hot_writes"])."""
         return {"applied_records": self.applied_records, "applications": self.applications,
-                "restarts": self.restarts}
+                "restarts": self.restarts, "left_to_others": self.left_to_others}

@@ -201,7 +201,9 @@ class TieredMemory:
             ids: Sequence[int] | None = None, session: str | Sequence[str | None] | None = None,
             role: str | Sequence[str | None] | None = None, metadata: dict | Sequence[dict | None] | None = None,
             created_at: Any = None, ttl: float | None = None) -> list[int]:
-        """Stores memories; durable in the cold tier when it returns, then inserted into the hot tier.
+        """Stores memories; durable in the cold tier when it returns, and found by every search from then on. The
+        hot tier gets them before it returns, or, while another process holds the store's write lock, from that
+        process or the next search that needs them.
 
         texts: one string or a list (stored, and embedded unless vectors are given). vectors: (n, dim) or (dim,)
         floats, normalised here. namespace: a name, or a tuple of labels ("users", "alice"): a hierarchical
