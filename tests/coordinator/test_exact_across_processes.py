@@ -335,3 +335,32 @@ def test_an_add_that_finds_the_write_lock_taken_leaves_its_hot_side_to_others(op
     thread.join(30)
     assert memory._link.logged.left_to_others == 1
     assert memory.search(vectors[3], k=4, namespace="n", explain=True).rule == "complete"
+
+
+def test_a_holder_of_the_write_lock_applies_records_logged_while_it_applied(open_memory, tmp_path, monkeypatch):
+    """A writer that left its record to the lock's holder (its record landed while the holder applied the log) is
+    covered before the holder lets the lock go: the holder looks again and applies the latecomer too."""
+    from tiered_recall.namespaces import namespace_hash
+
+    rng = np.random.default_rng(26)
+    vectors = unit(rng, 3)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors[:2], texts=["a", "b"], namespace="n", ids=[1, 2])
+    link, logged = memory._link, memory._link.logged
+    real_apply = logged.apply
+    calls = []
+
+    def apply_while_a_writer_logs(hot, epoch, **kwargs):
+        done = real_apply(hot, epoch, **kwargs)
+        if not calls:
+            _log_cold_only(memory, 3, vectors[2], "n")  # a latecomer, logged while the first apply ran
+        calls.append(1)
+        return done
+
+    monkeypatch.setattr(logged, "apply", apply_while_a_writer_logs)
+    with memory._write_lock.held():
+        logged.apply_with_latecomers(link.hot, link.epoch)
+    assert len(calls) == 2 and not logged.more_logged()
+    assert link.token(namespace_hash("n")) is not None  # the latecomer's slot is current: applied
+    report = memory.search(vectors[2], k=3, namespace="n", explain=True)
+    assert report.rule == "complete" and report.hits[0].id == 3 and {h.tier for h in report.hits} == {"hot"}

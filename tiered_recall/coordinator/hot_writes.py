@@ -19,6 +19,10 @@ from .certificates import HotCertificates, repair
 from .placement import Placement
 
 
+# How many more times a holder of the write lock applies the log when records arrived while it applied.
+LATECOMER_ROUNDS = 2
+
+
 class LoggedWrites:
     """One process's part in applying the log to the hot tier (call apply() under the store's write lock)."""
 
@@ -78,6 +82,17 @@ class LoggedWrites:
         self._apply_batch(hot, batch, epoch)
         self.certs.set_applied(self._reader.position)
         return own_side is None
+
+    def apply_with_latecomers(self, hot, epoch: tuple[int, int], rounds: int = LATECOMER_ROUNDS) -> bool:
+        """apply(), then again while records were logged meanwhile (at most `rounds` more times): the writers
+        that found the lock taken while it applied and left their records to it (HotLink.publish) are covered
+        before the lock goes, instead of waiting for the next holder or search."""
+        done = self.apply(hot, epoch)
+        for _ in range(rounds):
+            if not self.more_logged():
+                break
+            done = self.apply(hot, epoch)
+        return done
 
     def more_logged(self) -> bool:
         """True when records were logged past where the last apply() stopped: writes in flight, which their writers

@@ -29,13 +29,13 @@ RECONNECT_BACKOFF_S = 1.0
 # certify them, so it takes at most this share of the process's time, like a resync.
 REPAIR_MAX_SHARE = 0.1
 SIDECAR_LOCK_FILE = ".sidecar.lock"
-# A logged write that finds the store's write lock taken leaves its hot-tier side to that holder, the next writer
-# or the next search of its slots (which stay stale until then), while at most this many bytes of the log wait to
-# be applied: a search that applies them is held up for a few records, not a burst's worth.
-DEFERRED_LOG_BYTES = 64 * 1024
-# Past that, how long a logged write looks for its hot-tier side to be applied by another holder of the lock before
-# it queues for the lock itself.
+# How long a logged write looks for its hot-tier side to be applied by another holder of the store's write lock, or
+# for the lock to be free, before it leaves that side to others or queues for the lock.
 PUBLISH_WAIT_S = 0.002
+# It leaves its side to the lock's holder, the next writer or the next search of its slots (which stay stale until
+# then) while at most this many bytes of the log wait to be applied: a search that applies them is held up for a
+# few records, not a burst's worth. Past that it queues.
+DEFERRED_LOG_BYTES = 64 * 1024
 # How long a search whose scope waits for logged writes looks for the lock's holder to apply them (or for the lock)
 # before it reads the cold tier instead: the cold path costs more than this, in time and in the promotions after it.
 CATCH_UP_WAIT_S = 0.002
@@ -335,12 +335,12 @@ class HotLink:
         (any process's), or leaves it to others. False only when the hot tier could not be reached (the caller
         keeps its rows for later).
 
-        A logged write never waits for the store's write lock while little is waiting to be applied: it applies
-        the log when the lock is free, and otherwise returns at once, leaving its record to the lock's holder, the
-        next writer or the next search of its slots (DEFERRED_LOG_BYTES). Its slots stay stale until its record is
-        applied, so nothing is answered without it meanwhile. Past that, while another process holds the lock, it
-        looks for PUBLISH_WAIT_S whether that holder (or a later one) applied its record, and only then queues for
-        the lock (the holder may be a repair or a promotion, which applies nothing). A write that bypassed the log
+        A logged write applies the log when the store's write lock is free. While another process holds it, this
+        looks for PUBLISH_WAIT_S whether that holder (or a later one) applied its record, or let the lock go; then,
+        while little is waiting to be applied (DEFERRED_LOG_BYTES), it returns and leaves its record to the lock's
+        holder, the next writer or the next search of its slots, and otherwise it queues for the lock (the holder
+        may be a repair or a promotion, which applies nothing). Its slots stay stale until its record is applied,
+        so nothing is answered without it meanwhile. A write that bypassed the log
         holds the lock already (it keeps its place in the log's order), and own_side(hot) does its side where its
         note is reached."""
         if bump is None:
@@ -348,23 +348,16 @@ class HotLink:
         if self.logged is None:
             return False
         if bump.record_end is not None:
-            if self.logged.covers(bump.record_end):
-                return True
-            with self.write_lock.held(wait=False) as got:
-                if got:
-                    return self.logged.covers(bump.record_end) or \
-                        self.call(lambda hot: self.logged.apply(hot, self.epoch)) is not None
-            if self.logged.waiting_bytes(bump.record_end) <= DEFERRED_LOG_BYTES:
-                self.logged.left_to_others += 1
-                return True
             deadline = time.monotonic() + PUBLISH_WAIT_S
             while not self.logged.covers(bump.record_end):
-                wait = time.monotonic() >= deadline  # then queue for the lock: the holder may not be applying
-                with self.write_lock.held(wait=wait) as got:
+                late = time.monotonic() >= deadline
+                if late and self.logged.waiting_bytes(bump.record_end) <= DEFERRED_LOG_BYTES:
+                    self.logged.left_to_others += 1
+                    return True
+                with self.write_lock.held(wait=late) as got:  # late, with much waiting: queue for the lock
                     if got:
-                        if not self.logged.covers(bump.record_end):
-                            return self.call(lambda hot: self.logged.apply(hot, self.epoch)) is not None
-                        return True
+                        return self.logged.covers(bump.record_end) or \
+                            self.call(lambda hot: self.logged.apply_with_latecomers(hot, self.epoch)) is not None
                 time.sleep(HOLDER_POLL_S)
             return True
         if bump.note_at is not None and own_side is not None:
@@ -390,7 +383,7 @@ class HotLink:
         while True:
             with self.write_lock.held(wait=False) as got:
                 if got:
-                    if self.call(lambda hot: self.logged.apply(hot, self.epoch)) is None:
+                    if self.call(lambda hot: self.logged.apply_with_latecomers(hot, self.epoch)) is None:
                         return None
                     break
             token = self.token(ns_hash)  # the holder may have applied what the scope waited for
