@@ -510,12 +510,13 @@ def _reference(store: str, tmp: str, worker: int, warmup: int, chat: str, queue)
 # ---- the parent ----------------------------------------------------------------------------------
 
 def _summed(dicts: list[dict]) -> dict:
-    """Key-wise sums of counters."""
-    out: dict = {}
+    """Key-wise sums of counters (zero counts kept)."""
+    from collections import Counter
+
+    total: Counter = Counter()
     for d in dicts:
-        for k, v in d.items():
-            out[k] = out.get(k, 0) + v
-    return dict(sorted(out.items()))
+        total.update(d)
+    return dict(sorted(total.items()))
 
 
 def _diff_kinds(a: dict, b: dict) -> dict:

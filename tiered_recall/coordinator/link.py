@@ -340,9 +340,8 @@ class HotLink:
         while little is waiting to be applied (DEFERRED_LOG_BYTES), it returns and leaves its record to the lock's
         holder, the next writer or the next search of its slots, and otherwise it queues for the lock (the holder
         may be a repair or a promotion, which applies nothing). Its slots stay stale until its record is applied,
-        so nothing is answered without it meanwhile. A write that bypassed the log
-        holds the lock already (it keeps its place in the log's order), and own_side(hot) does its side where its
-        note is reached."""
+        so nothing is answered without it meanwhile. A write that bypassed the log holds the lock already (it keeps
+        its place in the log's order), and own_side(hot) does its side where its note is reached."""
         if bump is None:
             return True  # nothing was written
         if self.logged is None:

@@ -100,9 +100,9 @@ class Placement:
         return now >= self.next_resync and now - self._writes_heard[1] >= RESYNC_QUIET_S
 
     def resync(self, hot, *, write_lock, rewarm, cache) -> None:
-        """At most every RESYNC_EVERY_S (and RESYNC_MAX_SHARE of the time; resync_due says when): re-reads which rows the hot tier holds
-        (CONTAINS over every cold id) and rebuilds every bound. rewarm(hot) clears and refills a hot tier found to
-        hold rows the cold tier does not; cache drops memories whose rows are gone."""
+        """At most every RESYNC_EVERY_S (and RESYNC_MAX_SHARE of the time; resync_due says when): re-reads which
+        rows the hot tier holds (CONTAINS over every cold id) and rebuilds every bound. rewarm(hot) clears and
+        refills a hot tier found to hold rows the cold tier does not; cache drops memories whose rows are gone."""
         started = time.monotonic()
         self.next_resync = started + RESYNC_EVERY_S
         try:
