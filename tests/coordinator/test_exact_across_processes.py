@@ -364,3 +364,38 @@ def test_a_holder_of_the_write_lock_applies_records_logged_while_it_applied(open
     assert link.token(namespace_hash("n")) is not None  # the latecomer's slot is current: applied
     report = memory.search(vectors[2], k=3, namespace="n", explain=True)
     assert report.rule == "complete" and report.hits[0].id == 3 and {h.tier for h in report.hits} == {"hot"}
+
+
+def test_a_writer_that_closes_applies_the_writes_it_left_to_others(open_memory, tmp_path):
+    """An add that left its hot side to the lock's holder, when nobody applied it since, is applied when its writer
+    closes the store: no acknowledged write waits in the log for a search that may never come."""
+    import threading
+
+    from tiered_recall.coordinator.write_lock import StoreWriteLock
+    from tiered_recall.namespaces import namespace_hash
+
+    rng = np.random.default_rng(27)
+    vectors = unit(rng, 2)
+    path = tmp_path / "store"
+    writer = open_memory(path, hot_capacity=64)
+    reader = open_memory(path, hot_capacity=64)  # keeps the sidecar, and looks at the certificates afterwards
+    writer.add(vectors=vectors[:1], texts=["a"], namespace="n", ids=[1])
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with StoreWriteLock(path).held():
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(30)
+    writer.add(vectors=vectors[1:], texts=["b"], namespace="n", ids=[2])
+    release.set()
+    thread.join(30)
+    assert writer._link.logged.left_to_others == 1
+    assert reader._link.token(namespace_hash("n")) is None  # the record waits in the log
+    writer.close()
+    assert reader._link.token(namespace_hash("n")) is not None  # applied by the writer as it closed
+    report = reader.search(vectors[1], k=2, namespace="n", explain=True)
+    assert report.rule == "complete" and [h.id for h in report.hits][0] == 2 and {h.tier for h in report.hits} == {"hot"}

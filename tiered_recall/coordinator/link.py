@@ -121,6 +121,7 @@ class HotLink:
         self.closed = False
         self._next_try = 0.0
         self._next_repair = 0.0
+        self._left_until = None  # the end of the last record whose hot side this process left to others
         self._fruitless_catch_up: tuple | None = None  # _write_state() after a catch-up that left its scope stale
 
     def warn(self, message: str) -> None:
@@ -352,6 +353,7 @@ class HotLink:
                 late = time.monotonic() >= deadline
                 if late and self.logged.waiting_bytes(bump.record_end) <= DEFERRED_LOG_BYTES:
                     self.logged.left_to_others += 1
+                    self._left_until = max(self._left_until or tuple(bump.record_end), tuple(bump.record_end))
                     return True
                 with self.write_lock.held(wait=late) as got:  # late, with much waiting: queue for the lock
                     if got:
@@ -423,10 +425,14 @@ class HotLink:
                                  np.array([r["created_at_us"] for r in rows], dtype=np.int64))
 
     def close(self) -> None:
-        """Hands the backlog over, then detaches (the sidecar exits by itself once no process uses it)."""
+        """Hands the backlog over, applies the writes it left to others if nobody has yet, then detaches (the
+        sidecar exits by itself once no process uses it)."""
         if self.backlog:
             self._next_try = 0.0
             self.call(self.flush_backlog)
+        if self._left_until is not None and self.hot is not None and not self.logged.covers(self._left_until):
+            with self.write_lock.held():  # a writer that leaves takes its writes' hot side along
+                self.call(lambda hot: self.logged.apply(hot, self.epoch))
         self.closed = True
         if self.hot is not None:
             self.hot.close()

@@ -203,7 +203,7 @@ class TieredMemory:
             created_at: Any = None, ttl: float | None = None) -> list[int]:
         """Stores memories; durable in the cold tier when it returns, and found by every search from then on. The
         hot tier gets them before it returns, or, while another process holds the store's write lock, from that
-        process or the next search that needs them.
+        process, the next search that needs them, or this process when it closes the store.
 
         texts: one string or a list (stored, and embedded unless vectors are given). vectors: (n, dim) or (dim,)
         floats, normalised here. namespace: a name, or a tuple of labels ("users", "alice"): a hierarchical
