@@ -10,6 +10,12 @@ the hot tier's share of searches and the repairs of stale slots. Draws throughpu
 
     python benchmarks/many_processes.py --processes 1 2 4 8 16 --mix 95/5 70/30 --seconds 20 --json out.json --png out.png
     python benchmarks/many_processes.py --embedder default --processes 1 2 4 8 --mix 95/5 --seconds 20
+    python benchmarks/many_processes.py --processes 2 8 --mix 95/5 --seconds 8 --rounds 5   (medians, 8 against 2)
+
+Each row also gives the workers' CPU time per operation (every thread of every worker, over its run): what an
+operation costs the machine, which a busy neighbour on a shared host inflates less than the throughput. With
+--rounds N every row is run N times, the rows alternating, and a median line per row follows, with the
+aggregate's median as a share of the smallest process count's.
 """
 from __future__ import annotations
 
@@ -50,15 +56,17 @@ def open_store(path, device: str, embedder: str, **options) -> TieredMemory:
 
 
 def worker(path: str, device: str, embedder: str, seconds: float, search_share: float, delete_share: float,
-           seed: int, start_at: float, out) -> None:
+           seed: int, ready, out) -> None:
     rng = np.random.default_rng(seed)
     times: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
     mine: list[int] = []
     texts = embedder != "none"
     with open_store(path, device, embedder) as memory:
-        while time.time() < start_at:  # every worker starts together, after its own open
-            time.sleep(0.005)
+        # Every worker starts together once all have opened the store: an open costs a couple of CPU seconds
+        # (imports, the mirror), and a worker measured while others still open would count their start-up.
+        ready.wait()
         deadline = time.monotonic() + seconds
+        cpu0 = time.process_time()
         while time.monotonic() < deadline:
             ns = f"n{int(rng.integers(NAMESPACES))}"
             draw = rng.random()
@@ -78,18 +86,19 @@ def worker(path: str, device: str, embedder: str, seconds: float, search_share: 
                 mine += memory.add([text], vectors=vectors, namespace=ns)
                 kind = "add"
             times[kind].append(time.perf_counter() - t0)
+        cpu_s = time.process_time() - cpu0
         stats = memory.stats()
     out.put({"times": times, "hot_hit_rate": stats.get("hot_hit_rate"), "repairs": stats["rows_moved"]["repairs"],
-             "cpu_s": time.process_time()})
+             "cpu_s": cpu_s})
 
 
 def run(path: Path, device: str, embedder: str, processes: int, seconds: float, search_share: float,
         delete_share: float) -> dict:
     context = mp.get_context("spawn")
     out = context.Queue()
-    start_at = time.time() + (3.0 if embedder == "none" else 10.0) + 0.3 * processes
+    ready = context.Barrier(processes, timeout=600)
     workers = [context.Process(target=worker, args=(str(path), device, embedder, seconds, search_share, delete_share,
-                                                    1000 + i, start_at, out)) for i in range(processes)]
+                                                    1000 + i, ready, out)) for i in range(processes)]
     for w in workers:
         w.start()
     reports = [out.get(timeout=seconds + 300) for _ in workers]
@@ -103,13 +112,39 @@ def run(path: Path, device: str, embedder: str, processes: int, seconds: float, 
            "aggregate_ops_per_s": round(operations / busy * processes, 1) if busy else None,
            "wall_ops_per_s": round(operations / seconds, 1),
            "hot_hit_rate": round(statistics.mean(r["hot_hit_rate"] or 0.0 for r in reports), 4),
-           "repairs": sum(r["repairs"] for r in reports)}
+           "repairs": sum(r["repairs"] for r in reports),
+           "worker_cpu_ms_per_op": round(sum(r["cpu_s"] for r in reports) / operations * 1e3, 4) if operations else None}
     for kind, values in merged.items():
         if values:
             ordered = sorted(values)
             row[f"{kind}_p50_ms"] = round(statistics.median(ordered) * 1e3, 3)
             row[f"{kind}_p99_ms"] = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3, 3)
     return row
+
+
+def summarise(rows: list[dict], counts: list[int]) -> list[dict]:
+    """Per mix and process count over the rounds: the median of each figure, the aggregate's spread, and its
+    median as a share of the smallest process count's median (the rounds alternate, so both saw the same drift)."""
+    out = []
+    for mix in dict.fromkeys(r["mix"] for r in rows):
+        medians = {}
+        for processes in counts:
+            mine = [r for r in rows if r["mix"] == mix and r["processes"] == processes]
+            line = {"summary": "median", "mix": mix, "processes": processes, "rounds": len(mine)}
+            for key in mine[0]:
+                if key in ("processes", "round"):
+                    continue
+                values = [r[key] for r in mine if isinstance(r.get(key), (int, float))]
+                if values:
+                    line[key] = round(statistics.median(values), 4)
+            line["aggregate_ops_per_s_all"] = [r["aggregate_ops_per_s"] for r in mine]
+            medians[processes] = line["aggregate_ops_per_s"]
+            out.append(line)
+        base = medians[min(counts)]
+        for line in out:
+            if line["mix"] == mix and base:
+                line[f"share_of_{min(counts)}_processes"] = round(line["aggregate_ops_per_s"] / base, 3)
+    return out
 
 
 def main() -> None:
@@ -122,6 +157,9 @@ def main() -> None:
     parser.add_argument("--embedder", default="none", choices=["none", "default"],
                         help="none: raw 256-d vectors; default: texts, with the default preset's embedder")
     parser.add_argument("--rows", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every row this many times, alternating, and add a median line per row (the "
+                             "machine's speed drifts between runs; compare rows by their medians)")
     parser.add_argument("--json")
     parser.add_argument("--png")
     args = parser.parse_args()
@@ -137,21 +175,26 @@ def main() -> None:
                 else:
                     memory.add([sentence(rng) for _ in range(per)], namespace=f"n{n}")
             memory.cold.flush()
-        for mix in args.mix:
-            search_pct = float(mix.split("/")[0]) / 100
-            writes = 1 - search_pct
-            for processes in args.processes:
-                path = Path(tmp) / f"run-{mix.replace('/', '-')}-{processes}"
-                shutil.copytree(seeded, path, ignore=shutil.ignore_patterns("*.lock", "metrics"))
-                with open_store(path, args.device, args.embedder, hot_capacity=args.rows * 4):  # starts the sidecar
-                    row = run(path, args.device, args.embedder, processes, args.seconds, search_pct,
-                              writes * args.deletes)
-                shutil.rmtree(path, ignore_errors=True)
-                row.update(mix=mix, embedder=args.embedder, device=args.device)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        for round_ in range(1, args.rounds + 1):
+            for mix in args.mix:
+                search_pct = float(mix.split("/")[0]) / 100
+                writes = 1 - search_pct
+                for processes in args.processes:
+                    path = Path(tmp) / f"run-{mix.replace('/', '-')}-{processes}"
+                    shutil.copytree(seeded, path, ignore=shutil.ignore_patterns("*.lock", "metrics"))
+                    with open_store(path, args.device, args.embedder, hot_capacity=args.rows * 4):  # the sidecar
+                        row = run(path, args.device, args.embedder, processes, args.seconds, search_pct,
+                                  writes * args.deletes)
+                    shutil.rmtree(path, ignore_errors=True)
+                    row.update(mix=mix, embedder=args.embedder, device=args.device, round=round_)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    summary = summarise(rows, args.processes) if args.rounds > 1 else []
+    for line in summary:
+        print(json.dumps(line), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps(rows + summary, indent=2))
+    rows = summary or rows  # the plot shows the medians when there are rounds
     if args.png:
         import matplotlib
 
