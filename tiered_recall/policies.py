@@ -556,11 +556,18 @@ class HotSet:
         self.last_use[s] = now
 
     def use(self, ids: Iterable[int], now: int, half_life: float | None = None) -> None:
-        """Counts one use of each tracked row of ids (ids not tracked are ignored)."""
-        for i in ids:
-            s = self.slot.get(int(i))
-            if s is not None:
-                self.use_slot(s, now, 1.0, half_life)
+        """Counts one use of each tracked row of distinct ids (ids not tracked are ignored): use_slot() of each, in
+        array operations (a search counts its hits' uses)."""
+        get = self.slot.get
+        slots = np.array([s for i in ids if (s := get(int(i))) is not None], dtype=np.intp)
+        if not slots.size:
+            return
+        if half_life is not None:
+            self.freq[slots] = self.freq[slots] * np.exp2(-(now - self.freq_at[slots]) / half_life) + 1.0
+        else:
+            self.freq[slots] += 1.0
+        self.freq_at[slots] = now
+        self.last_use[slots] = now
 
     def remove(self, row_id: int) -> tuple[str, np.ndarray, int] | None:
         """Forgets a row; returns (namespace, vector copy, created_us) or None when it was not tracked."""

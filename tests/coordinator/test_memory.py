@@ -124,6 +124,53 @@ def test_a_promotion_waits_for_no_writer(open_memory):
     assert memory.search(x[0], k=1, namespace="n")[0].tier == "hot"
 
 
+def test_the_write_lock_excludes_other_threads_and_closes_with_the_store(open_memory):
+    """The lock file stays open between uses; another thread of the process is still excluded (a mutex before the
+    flock, which alone would not tell two threads of one open file apart), and close() closes the file."""
+    import threading
+
+    memory = open_memory()
+    lock = memory._write_lock
+    seen = []
+    with lock.held():
+        worker = threading.Thread(target=lambda: seen.append(lock.held(wait=False).__enter__()))
+        worker.start()
+        worker.join()
+    assert seen == [False]
+    with lock.held(wait=False) as got:
+        assert got is True
+    fd = lock._fd
+    assert fd is not None and os.fstat(fd)
+    memory.close()
+    assert lock._fd is None
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_hits_carry_the_memory_fields_and_a_query_of_any_magnitude_is_normalised(open_memory):
+    """A Hit is its memory's fields plus score and tier (equal to one built field by field); a query vector is
+    searched by its direction whether its square norm overflows or underflows float32."""
+    from tiered_recall.coordinator.records import Hit
+
+    rng = np.random.default_rng(21)
+    memory = open_memory()
+    x = unit_rows(rng, 6)
+    ids = memory.add([f"m{i}" for i in range(6)], vectors=x, namespace="n", session="s", role="user",
+                     metadata={"k": 1}, ttl=3600)
+    q = x[2]
+    hits = memory.search(q, k=3, namespace="n")
+    assert hits[0].id == ids[2]
+    for hit in hits:
+        stored = memory.get([hit.id])[0]
+        assert hit == Hit(stored.id, stored.text, hit.score, hit.tier, stored.namespace, stored.session, stored.role,
+                          stored.created_at, stored.metadata, stored.expires_at, stored.ttl_s)
+        assert repr(hit).startswith(f"Hit(id={hit.id}, text=")
+    for scale in (1e30, 1e-30):
+        scaled = memory.search((q.astype(np.float64) * scale).astype(np.float32), k=3, namespace="n")
+        assert [h.id for h in scaled] == [h.id for h in hits]
+        np.testing.assert_allclose([h.score for h in scaled], [h.score for h in hits], atol=1e-6)
+
+
 def test_get_count_metadata_and_roundtrip(open_memory):
     rng = np.random.default_rng(8)
     memory = open_memory()

@@ -159,6 +159,26 @@ def test_hotset_victims_skip_pinned_and_excluded():
     assert hs.remove(1)[0] == "n" and len(hs) == 3 and 1 not in hs
 
 
+@pytest.mark.parametrize("half_life", [None, 3.0])
+def test_hotset_use_counts_each_tracked_id_as_use_slot_does(half_life):
+    """use() counts the uses of a search's hits in array operations: the same frequencies, ageing and last uses as
+    use_slot() of each tracked id, and untracked ids are ignored."""
+    one, many = HotSet(4, 8), HotSet(4, 8)
+    for hs in (one, many):
+        for t, i in enumerate([10, 11, 12, 13]):
+            hs.put(i, "n", np.ones(4, np.float32), created_us=t, now=t, half_life=half_life)
+    for now, hits in ((5, [11, 13, 99]), (9, [13, 10]), (20, [12]), (21, [])):
+        many.use(hits, now, half_life)
+        for i in hits:
+            if i in one:
+                one.use_slot(one.slot[i], now, 1.0, half_life)
+    for i in (10, 11, 12, 13):
+        a, b = one.slot[i], many.slot[i]
+        assert math.isclose(one.freq[a], many.freq[b], rel_tol=1e-12)
+        assert (one.freq_at[a], one.last_use[a]) == (many.freq_at[b], many.last_use[b])
+    assert 99 not in many
+
+
 # ---- namespace-granular placement ------------------------------------------------------------
 
 def test_namespace_policy_keeps_read_namespaces_whole_and_rule_1_answers_them(open_memory):

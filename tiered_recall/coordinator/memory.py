@@ -760,6 +760,7 @@ class TieredMemory:
         with self._lock:
             self._link.close()
         self._closed = True
+        self._write_lock.close()
         self.cold.close()
 
     def __enter__(self) -> "TieredMemory":

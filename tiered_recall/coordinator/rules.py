@@ -59,11 +59,11 @@ def merge(hot_ids: np.ndarray, hot_scores: np.ndarray, cold_ids: np.ndarray | No
     """Candidates (score, id, tier): the hot ones alone (no cold answer), or the union by id where the hot copy
     wins; untrusted (uncertified) hot rows are left out, since they may be gone or stale."""
     if cold_ids is None:
-        return [(float(s), int(i), "hot") for i, s in zip(hot_ids, hot_scores)]
-    best = {int(i): (float(s), "cold") for i, s in zip(cold_ids, cold_scores)}
+        return [(s, i, "hot") for i, s in zip(hot_ids.tolist(), hot_scores.tolist())]
+    best = {i: (s, "cold") for i, s in zip(np.asarray(cold_ids).tolist(), np.asarray(cold_scores).tolist())}
     if trust_hot:
-        for i, s in zip(hot_ids, hot_scores):
-            best[int(i)] = (float(s), "hot")
+        for i, s in zip(hot_ids.tolist(), hot_scores.tolist()):
+            best[i] = (s, "hot")
     return [(s, i, tier) for i, (s, tier) in best.items()]
 
 

@@ -168,12 +168,18 @@ def unit_query(vector: Any, dim_: int) -> np.ndarray:
     if arr.dtype.kind not in "fiu":
         raise InvalidInput(f"a query vector must be numeric, got dtype {arr.dtype}")
     arr = np.ascontiguousarray(arr, dtype=np.float32)
-    if not np.isfinite(arr).all():
-        raise InvalidInput("the query vector contains NaN or infinite values")
-    norm = float(np.linalg.norm(arr))
-    if norm == 0.0:
+    # One float64 dot product checks the query: the square of float32 values neither overflows nor underflows in
+    # float64, so it is finite and positive exactly when every value is finite and one is not zero.
+    wide = arr.astype(np.float64)
+    square = float(np.dot(wide, wide))
+    if not 0.0 < square < math.inf:
+        if not np.isfinite(arr).all():
+            raise InvalidInput("the query vector contains NaN or infinite values")
         raise InvalidInput("the query vector is all zeros")
-    return arr / norm
+    norm = math.sqrt(square)
+    if 1e-30 < norm < 1e30:
+        return arr / np.float32(norm)
+    return (wide / norm).astype(np.float32)  # far outside float32's comfortable range: divide in float64
 
 
 def query_text(query: str, has_embedder: bool) -> str:

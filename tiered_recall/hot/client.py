@@ -191,6 +191,9 @@ class HotTier:
         self._payload_bytes = int(h.slot_payload_bytes)
         self._ns_table = np.frombuffer(self._mm, dtype=_NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
         self._ns_mask = int(h.ns_entries) - 1
+        # The same table as 64-bit words (hash, hot rows, total rows, reserved per entry): indexing a memoryview
+        # gives Python ints at once, where a structured array's entry costs a numpy scalar per field.
+        self._ns_words = memoryview(self._mm)[int(h.ns_offset): int(h.ns_offset) + _NS_DTYPE.itemsize * int(h.ns_entries)].cast("Q")
         fast = fast_search_module()
         self._fast = None if fast is None else fast.FastClient(self._base, self._pid, self._timeout_ns, self._spin_ns,
                                                                self._yield_ns, SearchResult)
@@ -464,16 +467,16 @@ class HotTier:
     def namespace_rows(self, namespace_hash: int) -> tuple[int, int]:
         """(hot rows, total rows as last set) of one namespace; (0, 0) when unknown."""
         h = (int(namespace_hash) & _MASK64) or 1
-        i = _mix64(h) & self._ns_mask
-        table = self._ns_table
-        for _ in range(self._ns_mask + 1):
-            entry = table[i]
-            cur = int(entry["ns_hash"])
+        mask = self._ns_mask
+        i = _mix64(h) & mask
+        words = self._ns_words
+        for _ in range(mask + 1):
+            cur = words[4 * i]
             if cur == h:
-                return int(entry["hot_rows"]), int(entry["total_rows"])
+                return words[4 * i + 1], words[4 * i + 2]
             if cur == 0:
                 return 0, 0
-            i = (i + 1) & self._ns_mask
+            i = (i + 1) & mask
         return 0, 0
 
     def namespace_table(self) -> dict[int, tuple[int, int]]:
@@ -558,7 +561,8 @@ class HotTier:
             time.sleep(0.0005)
         if drained and self._client_index >= 0:
             self._lib.tr_client_unregister(self._base, self._client_index, self._pid)
-        del self._header, self._anchor, self._ns_table
+        self._ns_words.release()
+        del self._header, self._anchor, self._ns_table, self._ns_words
         self._base = 0
         mm, self._mm = self._mm, None
         if drained:
