@@ -52,8 +52,37 @@ def scores_of(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
     return out
 
 
+# Rows per block when top_k_with_ties bounds the k-th score by the blocks' maxima (see _candidates_above_kth).
+_TOP_K_BLOCK = 64
+
+
+def _candidates_above_kth(scores: np.ndarray, k: int) -> np.ndarray | None:
+    """Positions of every score >= a lower bound of the k-th best, or None when no bound is found this way. The k-th
+    largest of the maxima of k or more blocks is such a bound: each of the k blocks at or above it holds a score at
+    least that high, so the k-th best score is too, and no score tied with the k-th is left out. Selecting among a
+    few hundred block maxima and comparing once costs a fraction of a partition of every score (numpy's partition
+    and argpartition of 20k float32 scores took ~5 ns a score)."""
+    n = scores.shape[0]
+    full = n - n % _TOP_K_BLOCK
+    maxima = scores[:full].reshape(-1, _TOP_K_BLOCK).max(axis=1)
+    if full < n:
+        maxima = np.append(maxima, scores[full:].max())
+    if maxima.shape[0] < 4 * k:
+        return None
+    bound = np.partition(maxima, maxima.shape[0] - k)[maxima.shape[0] - k]
+    if not np.isfinite(bound) or np.isnan(maxima).any():
+        return None  # fewer than k blocks hold a finite score (or a NaN hides one): the plain way below
+    return np.flatnonzero(scores >= bound)
+
+
 def top_k_with_ties(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Best k of finite `scores` (non-finite means filtered out), best first, equal scores broken by smaller id."""
+    if scores.shape[0] >= 16 * _TOP_K_BLOCK and k * 4 * _TOP_K_BLOCK <= scores.shape[0]:
+        cand = _candidates_above_kth(scores, k)
+        if cand is not None:
+            order = np.lexsort((ids[cand], -scores[cand]))[:k]
+            chosen = cand[order]
+            return ids[chosen].astype(np.int64, copy=False), scores[chosen].astype(np.float32, copy=False)
     finite = np.isfinite(scores)
     if not finite.all():
         scores, ids = scores[finite], ids[finite]

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tiered_recall.storage._mirror import VectorMirror
+import pytest
+
+from tiered_recall.storage._mirror import VectorMirror, _candidates_above_kth, top_k_with_ties
 
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -75,3 +77,33 @@ def test_mirror_keeps_at_most_four_thirds_of_its_live_rows_under_churn_and_answe
             got, want = mirror.search(q, 10, namespace=namespace), fresh.search(q, 10, namespace=namespace)
             np.testing.assert_array_equal(got[0], want[0])
             np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+
+
+def _top_k_by_full_sort(scores, ids, k):
+    finite = np.isfinite(scores)
+    s, i = scores[finite], ids[finite]
+    order = np.lexsort((i, -s))[:k]
+    return i[order], s[order].astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_top_k_by_block_maxima_equals_a_full_sort_with_ties_and_filtered_rows(seed):
+    """The block-maxima bound keeps every score tied with the k-th, and filtered (-inf) rows never count: the answer
+    is a full sort's, ties by smaller id, whether or not the bound applies."""
+    rng = np.random.default_rng(seed)
+    bounded = 0
+    for trial in range(150):
+        n, k = int(rng.integers(900, 20_000)), int(rng.integers(1, 100))
+        scores = rng.standard_normal(n).astype(np.float32)
+        if trial % 3 == 0:
+            scores = np.round(scores * 4) / 4  # many ties, at the k-th score too
+        if trial % 5 == 0:
+            scores[rng.random(n) < 0.5] = -np.inf
+        if trial % 7 == 0:
+            scores[rng.random(n) < 0.995] = -np.inf  # fewer blocks with a finite score than k
+        ids = rng.integers(0, 2**62, n).astype(np.int64)
+        got, want = top_k_with_ties(scores, ids, k), _top_k_by_full_sort(scores, ids, k)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        bounded += _candidates_above_kth(scores, k) is not None and k * 256 <= n
+    assert bounded > 20  # the bound itself was exercised, not only the plain way
