@@ -92,6 +92,26 @@ def test_complete_namespace_is_answered_by_the_hot_tier_alone(open_memory):
     assert "hot+cold" not in memory.stats()["latency"]
 
 
+def test_a_scope_no_rule_could_answer_is_searched_in_the_cold_tier_without_asking_the_hot_one(open_memory):
+    """With the hot tier holding part of a namespace and no bounds to rule on (rules=("complete",)), the cold tier's
+    exact answer is the answer: the hot tier is not asked (its search count stays), the path is "cold", and the cold
+    hits are still promoted; a namespace the hot tier holds whole is answered by it alone."""
+    rng = np.random.default_rng(11)
+    memory = open_memory(hot_capacity=8, rules=("complete",))
+    x = unit_rows(rng, 20)
+    memory.add([f"m{i}" for i in range(20)], vectors=x, ids=list(range(20)), namespace="big")
+    memory.add(["s0", "s1"], vectors=unit_rows(rng, 2), ids=[100, 101], namespace="small")
+    hot = memory._link.hot
+    asked = hot.stats()["searches"]
+    report = memory.search(x[0], k=3, namespace="big", explain=True)
+    assert (report.rule, report.path) == ("cold", "cold")
+    assert report.hits[0].id == 0 and all(h.tier == "cold" for h in report.hits)
+    assert hot.stats()["searches"] == asked, "the hot tier was asked although no rule could use its answer"
+    assert bool(hot.contains(np.array([0], dtype=np.int64))[0]), "a cold hit is promoted on the cold path"
+    small = memory.search(x[0], k=1, namespace="small", explain=True)
+    assert (small.rule, small.path) == ("complete", "hot") and hot.stats()["searches"] == asked + 1
+
+
 def test_cold_hits_are_promoted(open_memory):
     rng = np.random.default_rng(6)
     memory = open_memory(hot_capacity=5)

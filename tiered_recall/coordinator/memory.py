@@ -54,7 +54,8 @@ def _within(names: list[str], where: str | None) -> str:
 
 @dataclass
 class _HotAnswer:
-    """The hot side of one search: its candidates, the rule that decided, and whether they may be trusted."""
+    """The hot side of one search: its candidates, the rule that decided, whether they may be trusted, and whether
+    the hot tier was asked at all."""
 
     ids: np.ndarray
     scores: np.ndarray
@@ -62,6 +63,7 @@ class _HotAnswer:
     trusted: bool
     hot_kth: float | None = None
     cold_bound: float | None = None
+    asked: bool = True
 
 
 class TieredMemory:
@@ -582,8 +584,8 @@ class TieredMemory:
             ranked = R.rank(candidates, found, scoring, now_us, k)
             if use:
                 placement.use(i for _, i, tier in ranked if tier == "hot")
-            path = "hot" if cold is None else ("hot+cold" if answer.rule == "cold" else "cold")
-            if path == "hot+cold" and hot is not None:
+            path = "hot" if cold is None else ("hot+cold" if answer.rule == "cold" and answer.asked else "cold")
+            if answer.rule == "cold" and hot is not None:
                 self._after_cold_path(hot, namespace, ranked, answer.trusted)
         return ranked, found, answer, path
 
@@ -606,6 +608,12 @@ class TieredMemory:
         checked again after it and its counts: a write that began in between (any process's) makes it "cold"."""
         link, placement = self._link, self._placement
         try:
+            if not self._hot_may_answer(hot, namespace):
+                # No rule could skip the cold tier, which is then searched alone: its answer is exact over every
+                # memory, so hot candidates would add nothing but a round trip, and a catch-up nothing this
+                # search can use (rule 1's counts are published as records are applied: a record waiting to be
+                # applied leaves them equal, so such a scope still catches up).
+                return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "cold", True, asked=False)
             ns_hash = None if namespace is None else namespace_hash(namespace)
             token = link.token(ns_hash)
             if token is None:
@@ -639,6 +647,16 @@ class TieredMemory:
         found = self._cache.lookup(int(i) for i in ids)
         return sorted((self.scoring.score(float(s), found[int(i)], now_us) for i, s in zip(ids, scores)
                        if int(i) in found), reverse=True)
+
+    def _hot_may_answer(self, hot, namespace: str | None) -> bool:
+        """Whether some rule could answer the scope from the hot tier, judged before asking it: the threshold rule
+        (it needs the hot scores), counts that say the hot tier holds the whole scope, or bounds that cover its
+        cold-only rows. Each is checked again, with the certificate, after the hot answer."""
+        if "threshold" in self.rules and self.confidence is not None:
+            return True
+        if "complete" in self.rules and self._hot_is_complete(hot, namespace):
+            return True
+        return "bound" in self.rules and self._bounds_usable(hot, namespace)
 
     def _hot_is_complete(self, hot, namespace: str | None) -> bool:
         """Rule 1: the hot tier holds every memory of the namespace (every process sees the same counts)."""
