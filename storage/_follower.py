@@ -186,6 +186,21 @@ class Follower:
         if events and not self._apply_log_events_locked(events):
             self.reload_locked()
 
+    def apply_own_record_locked(self, record: "Rows | Deleted", start: tuple[int, int], end: tuple[int, int]) -> bool:
+        """This process's own record, just written between `start` and `end` under the log's append lock, applied as
+        a poll would apply it, without reading it back: only when this follower stands exactly at `start` (every
+        record before it applied). Returns whether it did; if not, a later follow_log_locked() reads it."""
+        log = self._log
+        if log is None or log.fd is None or log.position != tuple(start) or start[0] != end[0]:
+            return False
+        record.gen, record.offset, record.end = start[0], start[1], end[1]
+        if isinstance(record, Rows):
+            self._apply_logged_rows_locked(record)
+        else:
+            self._apply_logged_delete_locked(record)
+        log.offset = end[1]
+        return True
+
     def _apply_log_events_locked(self, events: list) -> bool:
         for kind, item in events:
             if kind == "rows":

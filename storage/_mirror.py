@@ -141,8 +141,11 @@ class VectorMirror:
         return code
 
     def _note_ns_rows(self, codes: np.ndarray, lo: int) -> None:
-        for code in np.unique(codes).tolist():
-            pos = lo + np.flatnonzero(codes == code)
+        listed = codes.tolist()
+        # Rows of one namespace (most writes): their positions are lo.. at once, with no grouping to do.
+        groups = [(listed[0], np.arange(lo, lo + len(listed), dtype=np.int64))] if len(set(listed)) == 1 else \
+            [(code, lo + np.flatnonzero(codes == code)) for code in np.unique(codes).tolist()]
+        for code, pos in groups:
             slot = self._ns_rows[code]
             arr, used = slot
             if used + pos.size > arr.shape[0]:

@@ -546,6 +546,13 @@ class LogFollower:
         self.gen = 0
         self.fd: int | None = None
         self.offset = 0
+        self._paths = (0, "", "")  # (gen, its file, the next generation's file): built once per generation
+
+    def _files(self) -> tuple[str, str]:
+        """The files of the generation being read and of the next one (a poll looks at both)."""
+        if self._paths[0] != self.gen:
+            self._paths = (self.gen, self.wal.path_of(self.gen), self.wal.path_of(self.gen + 1))
+        return self._paths[1], self._paths[2]
 
     def close(self) -> None:
         """Closes the fd of the generation being read (start_at opens one again)."""
@@ -581,7 +588,7 @@ class LogFollower:
         False before the follower was positioned."""
         if self.fd is None:
             return False
-        return os.fstat(self.fd).st_size > self.offset or os.path.exists(self.wal.path_of(self.gen + 1))
+        return os.fstat(self.fd).st_size > self.offset or os.path.exists(self._files()[1])
 
     def poll(self) -> list:
         """Events since the last poll: ("rows", Rows), ("deleted", Deleted) or ("note", Note) for each new record (with
@@ -591,7 +598,8 @@ class LogFollower:
         while True:
             # Look for the next generation before reading: once it exists this one takes no more appends, so the
             # read below then gets all of it (a torn tail is a dead writer's garbage and was not flushed either).
-            rotated = os.path.exists(self.wal.path_of(self.gen + 1))
+            current, following = self._files()
+            rotated = os.path.exists(following)
             if os.fstat(self.fd).st_size > self.offset:
                 records, self.offset = parse_records(read_all(self.fd, self.offset), self.offset)
                 for at, p in records:
@@ -600,7 +608,7 @@ class LogFollower:
                     kind = "rows" if isinstance(rec, Rows) else "deleted" if isinstance(rec, Deleted) else "note"
                     events.append((kind, rec))
             if not rotated:
-                if not os.path.exists(self.wal.path_of(self.gen)):
+                if not os.path.exists(current):
                     events.append(("gap", None))  # ours and (oldest first) every later one were deleted
                 return events
             ended_at = self.offset

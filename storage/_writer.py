@@ -53,6 +53,14 @@ def last_operations(records: list, schema) -> tuple[np.ndarray, object | None, i
     return delete_ids, batch, int(keep.shape[0])
 
 
+def _owned(rows: Rows) -> Rows:
+    """The rows with arrays and lists of their own, as decoding the record would give them: the follower keeps what
+    it applies (get() answers logged rows from it), and the caller's arrays and lists are the caller's."""
+    return replace(rows, ids=rows.ids.copy(), vectors=rows.vectors.copy(), created_at_us=rows.created_at_us.copy(),
+                   namespaces=list(rows.namespaces), sessions=list(rows.sessions), roles=list(rows.roles),
+                   texts=list(rows.texts), metadata_json=list(rows.metadata_json))
+
+
 class Writer:
     """Every write of one store, in the lock order of _wal.py: the flush lock, then the append lock, then the store's
     lock. Owns the append and flush side of the log: the operations this process logged that no flush has consumed
@@ -131,18 +139,23 @@ class Writer:
                 # Every earlier logged write into the mirror first: the ids' namespaces are then known.
                 self._follower.follow_log_locked()
                 bump = self._bump_locked(rows.ids, rows.namespaces)
-            record = encode_rows(replace(rows, bump=bump))  # the bump travels with the rows (see _wal.py)
+            logged = replace(rows, bump=bump)  # the bump travels with the rows (see _wal.py)
+            record = encode_rows(logged)
             what = f"log {rows.ids.shape[0]} rows"
             try:
                 end, fd = self.wal.write(record)
             except Exception as exc:
                 raise StorageError(storage_message(what, self._tables.path, exc)) from exc
             self.pending_ops += int(rows.ids.shape[0])
+            with self._lock:  # no other record can come between: the mirror takes this one as it is
+                own_applied = self._follower.apply_own_record_locked(
+                    _owned(logged), (end[0], end[1] - len(record)), end)
         self._sync(fd, end, what)  # durable here: outside the lock, so writers share an fdatasync
         if bump is not None:
             bump = replace(bump, record_end=end)
-        with self._lock:
-            self._follower.follow_log_locked()  # applies this record (and any other process's before it)
+        if not own_applied:
+            with self._lock:
+                self._follower.follow_log_locked()  # applies this record (and any other process's before it)
         if self.pending_ops >= self._flush_rows:
             self._wake.set()
         return bump
@@ -227,16 +240,21 @@ class Writer:
                         return (0, None) if settled and mirror is not None else None
                 bump = self._bump_locked(ids, None)
             what = f"log the delete of {ids.size} rows"
+            record = encode_delete(ids, bump)
             try:
-                end, fd = self.wal.write(encode_delete(ids, bump))
+                end, fd = self.wal.write(record)
             except Exception as exc:
                 raise StorageError(storage_message(what, self._tables.path, exc)) from exc
             self.pending_ops += int(ids.shape[0])
+            with self._lock:  # no other record can come between: the mirror takes this one as it is
+                own_applied = self._follower.apply_own_record_locked(
+                    Deleted(ids.copy(), bump), (end[0], end[1] - len(record)), end)
         self._sync(fd, end, what)  # durable here, outside the lock (group commit)
         if bump is not None:
             bump = replace(bump, record_end=end)
-        with self._lock:
-            self._follower.follow_log_locked()  # applies this delete (and any record before it) to the mirror
+        if not own_applied:
+            with self._lock:
+                self._follower.follow_log_locked()  # applies this delete (and any record before it) to the mirror
         if self.pending_ops >= self._flush_rows:
             self._wake.set()
         return deleted, bump

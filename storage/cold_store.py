@@ -387,6 +387,22 @@ class ColdStore:
         with self._read_locked(flush=self._follower.mirror is None):
             return self._reads.count_locked(namespace)
 
+    def counts(self, namespaces) -> dict[str, int]:
+        """Rows of each of these namespaces, logged ones included, from one read (count() of each would follow the
+        log once per namespace)."""
+        self._life.ensure_open()
+        names = [check.check_optional_namespace(ns) for ns in namespaces]
+        with self._read_locked(flush=self._follower.mirror is None):
+            return {ns: self._reads.count_locked(ns) for ns in names}
+
+    def count_followed(self) -> int | None:
+        """The store's rows as this process last followed them (no read of the log or the table; None without a
+        mirror): a hint that may lag behind other processes' latest writes, for a choice that stays exact either
+        way (count() is the exact figure)."""
+        with self._lock:
+            mirror = self._follower.mirror
+            return None if mirror is None or self._life.closed else mirror.live_rows
+
     def namespace_counts(self) -> dict[str, int]:
         """Rows per namespace, logged ones included (namespaces with none left out)."""
         self._life.ensure_open()

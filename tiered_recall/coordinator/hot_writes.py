@@ -129,7 +129,7 @@ class LoggedWrites:
             else:
                 names.update(bump.namespaces)
         cold, placement = self.cold, self.placement
-        totals = cold.namespace_counts() if every_namespace else {ns: cold.count(ns) for ns in names}
+        totals = cold.namespace_counts() if every_namespace else cold.counts(names)
         placement.policy.set_sizes(totals)
         gone = [row_id for row_id, op in last.items() if op is None]
         if gone:

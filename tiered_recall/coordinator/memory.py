@@ -254,7 +254,7 @@ class TieredMemory:
             def own_side(hot) -> None:
                 # the namespace written into, and those an upsert moved rows out of
                 touched = {namespace} | set(bump.namespaces or ())
-                totals = {ns: self.cold.count(ns) for ns in touched}
+                totals = self.cold.counts(touched)
                 self.policy.set_sizes(totals)
                 publish_totals(hot, totals)  # before the rows: a reader sees hot < total, asks cold
                 self._placement.place(hot, id_arr, vecs, [namespace] * n, created)
@@ -654,8 +654,17 @@ class TieredMemory:
         cold-only rows. Each is checked again, with the certificate, after the hot answer."""
         if "threshold" in self.rules and self.confidence is not None:
             return True
-        if "complete" in self.rules and self._hot_is_complete(hot, namespace):
-            return True
+        if "complete" in self.rules and not self._link.backlog:
+            if namespace is None:
+                # the rows as last followed: reading the log for an exact count would cost this search more than
+                # it saves, and a count that lags only sends the search to the cold tier or on to the full check
+                followed = self.cold.count_followed()
+                if followed is None or hot.hot_rows == followed:
+                    return True
+            else:
+                hot_rows, total_rows = hot.namespace_rows(namespace_hash(namespace))
+                if hot_rows == total_rows:
+                    return True
         return "bound" in self.rules and self._bounds_usable(hot, namespace)
 
     def _hot_is_complete(self, hot, namespace: str | None) -> bool:
