@@ -191,6 +191,22 @@ def test_hits_carry_the_memory_fields_and_a_query_of_any_magnitude_is_normalised
         np.testing.assert_allclose([h.score for h in scaled], [h.score for h in hits], atol=1e-6)
 
 
+def test_rows_another_process_logged_come_back_from_the_cache_whole(open_memory, tmp_path):
+    """A process hears of every row another logs and keeps its fields; the Memory a lookup makes of them equals the
+    one get() reads (text, namespace, session, role, time, metadata, expiry), and stays the one cached."""
+    rng = np.random.default_rng(12)
+    path = tmp_path / "shared"
+    writer, reader = open_memory(path), open_memory(path)
+    ids = writer.add(["first", "second"], vectors=unit_rows(rng, 2), namespace=("users", "ana"), session="s1",
+                     role=["user", None], metadata=[{"k": [1, 2]}, None], ttl=60)
+    assert reader.count(("users", "ana")) == 2  # the reader followed the log
+    cached = reader._cache.lookup(ids)
+    assert [cached[i] for i in ids] == writer.get(ids)
+    assert cached[ids[0]].metadata == {"k": [1, 2]} and cached[ids[1]].metadata == {}
+    assert cached[ids[0]].expires_at is not None and cached[ids[0]].ttl_s == 60
+    assert reader._cache.lookup(ids[:1])[ids[0]] is cached[ids[0]]
+
+
 def test_get_count_metadata_and_roundtrip(open_memory):
     rng = np.random.default_rng(8)
     memory = open_memory()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -137,15 +137,15 @@ class PathStats:
 
     def __init__(self, keep: int = 10_000) -> None:
         self.keep = keep
-        self.samples: dict[str, list[float]] = {}
+        self.samples: dict[str, deque[float]] = {}
         self.counts: dict[str, int] = {}
 
     def record(self, path: str, seconds: float) -> None:
         """Adds one search's latency to path (the newest `keep` samples are kept; counts are not bounded)."""
-        bucket = self.samples.setdefault(path, [])
+        bucket = self.samples.get(path)
+        if bucket is None:
+            bucket = self.samples[path] = deque(maxlen=self.keep)
         bucket.append(seconds)
-        if len(bucket) > self.keep:
-            del bucket[: len(bucket) - self.keep]
         self.counts[path] = self.counts.get(path, 0) + 1
 
     def summary(self) -> dict:
@@ -168,7 +168,9 @@ class MemoryCache:
     def __init__(self, cold, limit: int = METADATA_CACHE_ROWS) -> None:
         self._cold = cold
         self._limit = limit
-        self._rows: OrderedDict[int, Memory] = OrderedDict()
+        # id -> Memory, or the fields of a logged row (text, namespace, session, role, created_at_us, metadata JSON)
+        # until a lookup makes it one
+        self._rows: OrderedDict[int, Memory | tuple] = OrderedDict()
         self._lock = threading.RLock()  # the follower calls in from whichever thread syncs the cold tier
         self._warming: set[int] | None = None  # while warm() runs: the ids deleted since it began reading
         self._warm_abandoned = False
@@ -217,6 +219,10 @@ class MemoryCache:
         with self._lock:
             rows = self._rows
             found = {i: rows[i] for i in ids if i in rows}
+            for i, entry in found.items():
+                if type(entry) is tuple:  # a row another process logged, kept as its fields until asked for
+                    found[i] = rows[i] = make_memory(i, entry[0], entry[1], entry[2], entry[3], entry[4],
+                                                     json.loads(entry[5]) if entry[5] else {})
         missing = [i for i in ids if i not in found]
         if missing:
             for row in self._cold.get(missing):
@@ -258,11 +264,18 @@ class MemoryCache:
 
     # ---- the cold tier's follower (storage._follower.RowListener) ------------------------------
     def rows_logged(self, rows) -> None:
-        """Rows added or replaced, by any process: cached as they are now."""
-        for j, row_id in enumerate(rows.ids.tolist()):
-            meta = rows.metadata_json[j]
-            self.remember(make_memory(int(row_id), rows.texts[j], rows.namespaces[j], rows.sessions[j], rows.roles[j],
-                                      int(rows.created_at_us[j]), json.loads(meta) if meta else {}))
+        """Rows added or replaced, by any process: cached as they are now. Each is kept as its fields, and becomes a
+        Memory when a lookup first asks for it: every process hears of every row written, and most are never
+        returned by this one's searches."""
+        entries = zip(rows.ids.tolist(), rows.texts, rows.namespaces, rows.sessions, rows.roles,
+                      rows.created_at_us.tolist(), rows.metadata_json)
+        with self._lock:
+            cached = self._rows
+            for row_id, *fields in entries:
+                cached[row_id] = tuple(fields)
+                cached.move_to_end(row_id)
+            while len(cached) > self._limit:
+                cached.popitem(last=False)
 
     def rows_deleted(self, ids) -> None:
         """Rows deleted, by any process."""
