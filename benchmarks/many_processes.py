@@ -163,6 +163,11 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--png")
     args = parser.parse_args()
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401  (checked before the run, not after it)
+        except ImportError:
+            parser.error("--png needs matplotlib: pip install \"tiered-recall[bench]\"")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         seeded = Path(tmp) / "seeded"
