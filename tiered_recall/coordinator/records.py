@@ -123,7 +123,7 @@ def hit_of(memory: Memory, score: float, tier: str) -> Hit:
     """The Hit of a memory with its score and the tier ("hot" or "cold") that served it. Built from the memory's own
     attribute dict, not through Hit(...): a frozen dataclass's __init__ sets each of its eleven fields through
     object.__setattr__, which made building the hits the largest cost of a hot search after the hot tier itself.
-    The Hit is the same (fields, equality, hash, repr)."""
+    The Hit is the same (fields, equality, repr)."""
     fields = dict(memory.__dict__)
     fields["score"] = score
     fields["tier"] = tier

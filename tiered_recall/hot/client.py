@@ -193,7 +193,8 @@ class HotTier:
         self._ns_mask = int(h.ns_entries) - 1
         # The same table as 64-bit words (hash, hot rows, total rows, reserved per entry): indexing a memoryview
         # gives Python ints at once, where a structured array's entry costs a numpy scalar per field.
-        self._ns_words = memoryview(self._mm)[int(h.ns_offset): int(h.ns_offset) + _NS_DTYPE.itemsize * int(h.ns_entries)].cast("Q")
+        ns_start, ns_end = int(h.ns_offset), int(h.ns_offset) + _NS_DTYPE.itemsize * int(h.ns_entries)
+        self._ns_words = memoryview(self._mm)[ns_start:ns_end].cast("Q")
         fast = fast_search_module()
         self._fast = None if fast is None else fast.FastClient(self._base, self._pid, self._timeout_ns, self._spin_ns,
                                                                self._yield_ns, SearchResult)
