@@ -654,25 +654,19 @@ class TieredMemory:
         cold-only rows. Each is checked again, with the certificate, after the hot answer."""
         if "threshold" in self.rules and self.confidence is not None:
             return True
-        if "complete" in self.rules and not self._link.backlog:
-            if namespace is None:
-                # the rows as last followed: reading the log for an exact count would cost this search more than
-                # it saves, and a count that lags only sends the search to the cold tier or on to the full check
-                followed = self.cold.count_followed()
-                if followed is None or hot.hot_rows == followed:
-                    return True
-            else:
-                hot_rows, total_rows = hot.namespace_rows(namespace_hash(namespace))
-                if hot_rows == total_rows:
-                    return True
+        if "complete" in self.rules and self._hot_is_complete(hot, namespace, as_followed=True):
+            return True
         return "bound" in self.rules and self._bounds_usable(hot, namespace)
 
-    def _hot_is_complete(self, hot, namespace: str | None) -> bool:
-        """Rule 1: the hot tier holds every memory of the namespace (every process sees the same counts)."""
+    def _hot_is_complete(self, hot, namespace: str | None, *, as_followed: bool = False) -> bool:
+        """Rule 1: the hot tier holds every memory of the namespace (every process sees the same counts).
+        as_followed: over every namespace, compare with the rows as this process last followed them instead of
+        reading the log for an exact count (a hint for _hot_may_answer; True when no count is at hand)."""
         if self._link.backlog:
             return False
         if namespace is None:
-            return hot.hot_rows == self.cold.count()
+            total = self.cold.count_followed() if as_followed else self.cold.count()
+            return total is None or hot.hot_rows == total
         hot_rows, total_rows = hot.namespace_rows(namespace_hash(namespace))
         return hot_rows == total_rows
 
