@@ -12,6 +12,11 @@ the hot tier's share of searches and the repairs of stale slots. Draws throughpu
     python benchmarks/many_processes.py --embedder default --processes 1 2 4 8 --mix 95/5 --seconds 20
     python benchmarks/many_processes.py --processes 2 8 --mix 95/5 --seconds 8 --rounds 5   (medians, 8 against 2)
 
+Each row also gives, per operation, the share of its time spent waiting for a core (`runq_share`: runnable but not
+running, from Linux's /proc/thread-self/schedstat) and the p99 of the time it spent otherwise (`add_own_p99_ms`,
+...: running, or blocked on the disk, a lock or the sidecar): with more workers than cores most of an operation's
+time can be the wait for a core, which no change to the store takes away.
+
 Each row also gives the workers' CPU time per operation (every thread of every worker, over its run): what an
 operation costs the machine, which a busy neighbour on a shared host inflates less than the throughput. With
 --rounds N every row is run N times, the rows alternating, and a median line per row follows, with the
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import shutil
 import statistics
 import tempfile
@@ -34,6 +40,19 @@ from tiered_recall import TieredMemory
 
 DIM = 256
 NAMESPACES = 50
+# The calling thread's CPU time, its time waiting on a run queue (both ns) and its timeslices: Linux's schedstat.
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def runqueue_clock():
+    """A function giving the calling thread's total run-queue wait in seconds (one pread of schedstat, ~1 us), or
+    None where the kernel has no schedstat."""
+    try:
+        fd = os.open(SCHEDSTAT, os.O_RDONLY)
+        os.pread(fd, 128, 0)
+    except OSError:
+        return None
+    return lambda: int(os.pread(fd, 128, 0).split()[1]) / 1e9
 
 
 def unit(rng, n):
@@ -59,6 +78,9 @@ def worker(path: str, device: str, embedder: str, seconds: float, search_share: 
            seed: int, ready, out) -> None:
     rng = np.random.default_rng(seed)
     times: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
+    waits: dict[str, list[float]] = {"search": [], "add": [], "delete": []}  # of each operation, waiting for a core
+    clock = runqueue_clock()
+    runq = clock or (lambda: 0.0)
     mine: list[int] = []
     texts = embedder != "none"
     with open_store(path, device, embedder) as memory:
@@ -72,23 +94,24 @@ def worker(path: str, device: str, embedder: str, seconds: float, search_share: 
             draw = rng.random()
             if draw < search_share:
                 query = sentence(rng) if texts else unit(rng, 1)[0]
-                t0 = time.perf_counter()
+                q0, t0 = runq(), time.perf_counter()
                 memory.search(query, k=10, namespace=ns)
                 kind = "search"
             elif draw < search_share + delete_share and mine:
                 victim = mine.pop(int(rng.integers(len(mine))))
-                t0 = time.perf_counter()
+                q0, t0 = runq(), time.perf_counter()
                 memory.delete([victim])
                 kind = "delete"
             else:
                 text, vectors = (sentence(rng), None) if texts else ("m", unit(rng, 1))
-                t0 = time.perf_counter()
+                q0, t0 = runq(), time.perf_counter()
                 mine += memory.add([text], vectors=vectors, namespace=ns)
                 kind = "add"
             times[kind].append(time.perf_counter() - t0)
+            waits[kind].append(runq() - q0)
         cpu_s = time.process_time() - cpu0
         stats = memory.stats()
-    out.put({"times": times, "hot_hit_rate": stats.get("hot_hit_rate"), "repairs": stats["rows_moved"]["repairs"],
+    out.put({"times": times, "waits": waits if clock else None, "hot_hit_rate": stats.get("hot_hit_rate"), "repairs": stats["rows_moved"]["repairs"],
              "cpu_s": cpu_s})
 
 
@@ -114,12 +137,25 @@ def run(path: Path, device: str, embedder: str, processes: int, seconds: float, 
            "hot_hit_rate": round(statistics.mean(r["hot_hit_rate"] or 0.0 for r in reports), 4),
            "repairs": sum(r["repairs"] for r in reports),
            "worker_cpu_ms_per_op": round(sum(r["cpu_s"] for r in reports) / operations * 1e3, 4) if operations else None}
+    measured_waits = all(r["waits"] is not None for r in reports)
+    if measured_waits:
+        row["runq_share"] = round(sum(w for r in reports for kind in r["waits"] for w in r["waits"][kind]) / busy, 3)
     for kind, values in merged.items():
         if values:
-            ordered = sorted(values)
-            row[f"{kind}_p50_ms"] = round(statistics.median(ordered) * 1e3, 3)
-            row[f"{kind}_p99_ms"] = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3, 3)
+            row[f"{kind}_p50_ms"] = round(percentile(values, 0.5) * 1e3, 3)
+            row[f"{kind}_p99_ms"] = round(percentile(values, 0.99) * 1e3, 3)
+            if measured_waits:
+                own = [t - w for r in reports for t, w in zip(r["times"][kind], r["waits"][kind])]
+                row[f"{kind}_own_p99_ms"] = round(percentile(own, 0.99) * 1e3, 3)
     return row
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile of values (the median for q = 0.5; otherwise the value at rank q * n, as before)."""
+    ordered = sorted(values)
+    if q == 0.5:
+        return statistics.median(ordered)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 def summarise(rows: list[dict], counts: list[int]) -> list[dict]:
