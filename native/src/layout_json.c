@@ -25,6 +25,7 @@ void tr_print_layout_json(void) {
     FIELD(tr_header, ns_offset) FIELD(tr_header, slots_offset) FIELD(tr_header, owner_pid)
     FIELD(tr_header, owner_uid) FIELD(tr_header, state) FIELD(tr_header, started_ns)
     FIELD(tr_header, heartbeat_ns) FIELD(tr_header, doorbell) FIELD(tr_header, server_sleeping)
+    FIELD(tr_header, busy_clients) FIELD(tr_header, cores)
     FIELD(tr_header, hot_rows) FIELD(tr_header, requests) FIELD(tr_header, searches)
     FIELD(tr_header, queries) FIELD(tr_header, upserted_rows) FIELD(tr_header, deleted_rows)
     FIELD(tr_header, evicted_rows) FIELD(tr_header, errors) FIELD(tr_header, reclaimed_slots)

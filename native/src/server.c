@@ -567,6 +567,8 @@ static void sweep(tr_server *s, uint64_t now) {
     }
     if (live) s->last_client_seen_ns = now;
     s->busy_clients = used;
+    __atomic_store_n(&h->busy_clients, used, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->cores, s->cores, __ATOMIC_RELAXED);
 }
 
 int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {

@@ -220,3 +220,36 @@ def test_closing_a_client_while_its_threads_search_crashes_nothing(start, segmen
         assert outcomes["closed"] == 4, outcomes  # every thread got the clear error once it was closed
         assert outcomes["answered"] > 0
     assert owner.search(queries[0], k=5, normalize=True).hits == 5  # the sidecar and other clients are fine
+
+
+def _search_for(hot: HotTier, query: np.ndarray, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        hot.search(query, k=1, namespace_hash=7)
+
+
+def test_sidecar_publishes_its_busy_clients_and_cores(start):
+    """HotTier.crowded compares two words of the doorbell line: the client processes that sent requests in the
+    sidecar's last sweep and the machine's cores, both written by the sidecar at each sweep (every 100 ms)."""
+    _, hot = start(dim=8, capacity=100)
+    x = np.eye(8, dtype=np.float32)[:1]
+    hot.upsert(np.array([1]), x, 7)
+    _search_for(hot, x[0], 0.35)  # spans at least two sweeps
+    assert hot._header.cores == os.sysconf("SC_NPROCESSORS_ONLN")
+    assert hot._header.busy_clients == 1  # this process, on its own slot
+    assert hot.crowded is False
+    time.sleep(0.35)
+    assert hot._header.busy_clients == 0
+
+
+def test_a_client_that_reads_crowded_words_still_gets_its_answer(start):
+    """The words are advisory: a stray value (another process's write) only changes how a store waits, never what a
+    search gets."""
+    _, hot = start(dim=8, capacity=100)
+    x = np.eye(8, dtype=np.float32)
+    hot.upsert(np.arange(8), x, 7)
+    for busy, cores in ((10**6, 1), (0, 0), (1, 10**6)):
+        hot._header.busy_clients, hot._header.cores = busy, cores
+        for i in range(8):
+            res = hot.search(x[i], k=1, namespace_hash=7)
+            assert res.ids[0, 0] == i

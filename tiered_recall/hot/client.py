@@ -491,6 +491,15 @@ class HotTier:
         return int(self._header.hot_rows)
 
     @property
+    def crowded(self) -> bool:
+        """More client processes sent requests in the sidecar's last sweep (100 ms) than the machine has cores, as
+        the sidecar published them: a process that blocks (a sleep, a lock, a reply) then waits for a core to run
+        again, so waiting in short naps costs far more than the nap. Advisory: it changes how long callers wait,
+        never what they get."""
+        h = self._header
+        return int(h.busy_clients) > int(h.cores)
+
+    @property
     def owner_pid(self) -> int:
         """The sidecar's pid, read from the segment header."""
         return int(self._header.owner_pid)

@@ -171,7 +171,13 @@ typedef struct tr_header {
     /* doorbell: clients bump it after publishing a request; the server sleeps on it */
     uint32_t doorbell;
     uint32_t server_sleeping;
-    uint8_t reserved3[256 - 200];
+    /* written by the server at each sweep: the client processes that sent requests since the last sweep, and the
+     * machine's cores. Advisory (a stray write changes how long a client waits, never what it gets): with more of
+     * the first than the second, a process that blocks waits milliseconds for a core, so clients do not nap while
+     * they wait for one another (tiered_recall/hot/client.py: HotTier.crowded). */
+    uint32_t busy_clients;
+    uint32_t cores;
+    uint8_t reserved3[256 - 208];
     /* counters, written by the server only */
     uint64_t hot_rows;
     uint64_t requests;
