@@ -337,6 +337,59 @@ def test_an_add_that_finds_the_write_lock_taken_leaves_its_hot_side_to_others(op
     assert memory.search(vectors[3], k=4, namespace="n", explain=True).rule == "complete"
 
 
+def test_on_a_crowded_machine_an_add_leaves_its_hot_side_to_the_searches(open_memory, tmp_path, monkeypatch):
+    """With more client processes at work than cores (HotTier.crowded) every block costs a wait for a core: a logged
+    add leaves its hot side at once, lock free or taken, without napping; the next search of its slot applies it
+    and answers exactly. On a machine with cores to spare an add applies its own side when the lock is free, and
+    naps while it looks for a holder; with too much waiting it queues for the lock even when crowded."""
+    import threading
+
+    from tiered_recall.coordinator import link as link_module
+    from tiered_recall.coordinator.write_lock import StoreWriteLock
+    from tiered_recall.hot import HotTier
+
+    rng = np.random.default_rng(27)
+    vectors = unit(rng, 5)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors[:1], texts=["a"], namespace="n", ids=[1])
+    assert memory._link.logged.left_to_others == 0  # not crowded, lock free: it applied its own side
+    naps: list[float] = []
+    monkeypatch.setattr(link_module.time, "sleep", lambda s: naps.append(s))
+    monkeypatch.setattr(HotTier, "crowded", property(lambda self: True))
+    memory.add(vectors=vectors[1:2], texts=["b"], namespace="n", ids=[2])  # lock free, crowded: left at once
+    assert memory._link.logged.left_to_others == 1 and naps == []
+    report = memory.search(vectors[1], k=2, namespace="n", explain=True)  # the search applies it
+    assert report.rule == "complete" and [h.id for h in report.hits][0] == 2 and {h.tier for h in report.hits} == {"hot"}
+
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with StoreWriteLock(memory.path).held():
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(30)
+        memory.add(vectors=vectors[2:3], texts=["c"], namespace="n", ids=[3])
+        assert memory._link.logged.left_to_others == 2 and naps == []
+        monkeypatch.setattr(HotTier, "crowded", property(lambda self: False))
+        memory.add(vectors=vectors[3:4], texts=["d"], namespace="n", ids=[4])
+        assert memory._link.logged.left_to_others == 3 and naps  # napped while it looked for the holder
+        report = memory.search(vectors[3], k=4, namespace="n", explain=True)  # the lock is taken: cold, exact
+        assert report.rule == "cold" and sorted(h.id for h in report.hits) == [1, 2, 3, 4]
+    finally:
+        release.set()
+        thread.join(30)
+    monkeypatch.setattr(HotTier, "crowded", property(lambda self: True))
+    monkeypatch.setattr(link_module, "DEFERRED_LOG_BYTES", 0)  # too much waiting: it queues and applies, crowded or not
+    memory.add(vectors=vectors[4:5], texts=["e"], namespace="n", ids=[5])
+    assert memory._link.logged.left_to_others == 3
+    report = memory.search(vectors[4], k=5, namespace="n", explain=True)
+    assert report.rule == "complete" and sorted(h.id for h in report.hits) == [1, 2, 3, 4, 5]
+
+
 def test_a_holder_of_the_write_lock_applies_records_logged_while_it_applied(open_memory, tmp_path, monkeypatch):
     """A writer that left its record to the lock's holder (its record landed while the holder applied the log) is
     covered before the holder lets the lock go: the holder looks again and applies the latecomer too."""

@@ -341,24 +341,30 @@ class HotLink:
         while little is waiting to be applied (DEFERRED_LOG_BYTES), it returns and leaves its record to the lock's
         holder, the next writer or the next search of its slots, and otherwise it queues for the lock (the holder
         may be a repair or a promotion, which applies nothing). Its slots stay stale until its record is applied,
-        so nothing is answered without it meanwhile. A write that bypassed the log holds the lock already (it keeps
-        its place in the log's order), and own_side(hot) does its side where its note is reached."""
+        so nothing is answered without it meanwhile. On a crowded machine (HotTier.crowded) it leaves its record at
+        once, lock free or not, while little is waiting: each block there (a nap, the lock, the sidecar's reply) costs
+        a wait for a core, and the searches that apply the record instead are many and already running. A write that
+        bypassed the log holds the lock already (it keeps its place in the log's order), and own_side(hot) does its
+        side where its note is reached."""
         if bump is None:
             return True  # nothing was written
         if self.logged is None:
             return False
         if bump.record_end is not None:
-            deadline = time.monotonic() + PUBLISH_WAIT_S
+            crowded = self._crowded()
+            deadline = time.monotonic() + (0.0 if crowded else PUBLISH_WAIT_S)
             while not self.logged.covers(bump.record_end):
                 late = time.monotonic() >= deadline
-                if late and self.logged.waiting_bytes(bump.record_end) <= DEFERRED_LOG_BYTES:
-                    self.logged.left_to_others += 1
-                    self._left_until = max(self._left_until or tuple(bump.record_end), tuple(bump.record_end))
-                    return True
-                with self.write_lock.held(wait=late) as got:  # late, with much waiting: queue for the lock
+                leave = late and self.logged.waiting_bytes(bump.record_end) <= DEFERRED_LOG_BYTES
+                if leave and crowded:
+                    return self._leave_to_others(bump)
+                # late, with much waiting: queue for the lock; late, with little: one more look, then leave it
+                with self.write_lock.held(wait=late and not leave) as got:
                     if got:
                         return self.logged.covers(bump.record_end) or \
                             self.call(lambda hot: self.logged.apply_with_latecomers(hot, self.epoch)) is not None
+                if leave:
+                    return self._leave_to_others(bump)
                 time.sleep(HOLDER_POLL_S)
             return True
         if bump.note_at is not None and own_side is not None:
@@ -367,6 +373,19 @@ class HotLink:
                                                                own_side=lambda: own_side(hot)))
                 return bool(done)
         return False  # no record carries it: its rows reach the hot tier through the backlog
+
+    def _leave_to_others(self, bump) -> bool:
+        """Leaves a logged write's hot side to the lock's holder, the next writer or the next search of its slots
+        (publish); its slots stay stale until then."""
+        self.logged.left_to_others += 1
+        self._left_until = max(self._left_until or tuple(bump.record_end), tuple(bump.record_end))
+        return True
+
+    def _crowded(self) -> bool:
+        """More client processes at work than cores (HotTier.crowded): every block (a nap, a lock, the sidecar's
+        reply) then costs a wait for a core, milliseconds, so a write leaves its hot side to the searches at once."""
+        hot = self.hot
+        return hot is not None and hot.crowded
 
     def catch_up(self, ns_hash: int | None):
         """On a search whose scope is stale: applies the writes logged but not yet applied, and reads the
