@@ -5,7 +5,8 @@ Every worker opens the same store (50 namespaces loaded beforehand, copied afres
 for --seconds; "busy time" is the sum of each worker's time inside store calls, so a machine with fewer cores than
 workers is not counted as idle. --embedder none stores raw 256-d vectors; --embedder default stores texts with the
 default preset (its embedder and stages: every add embeds its text, every search its query). Each row also gives
-the hot tier's share of searches and the repairs of stale slots. Draws throughput against processes as a PNG with
+the hot tier's share of searches, the repairs of stale slots, and the writes whose hot-tier side their writer left to
+another process (a crowded machine, or a lock held by another). Draws throughput against processes as a PNG with
 --png (matplotlib, the bench extra).
 
     python benchmarks/many_processes.py --processes 1 2 4 8 16 --mix 95/5 70/30 --seconds 20 --json out.json --png out.png
@@ -112,6 +113,7 @@ def worker(path: str, device: str, embedder: str, seconds: float, search_share: 
         cpu_s = time.process_time() - cpu0
         stats = memory.stats()
     out.put({"times": times, "waits": waits if clock else None, "hot_hit_rate": stats.get("hot_hit_rate"), "repairs": stats["rows_moved"]["repairs"],
+             "left": (stats.get("hot_writes") or {}).get("left_to_others", 0),
              "cpu_s": cpu_s})
 
 
@@ -136,6 +138,7 @@ def run(path: Path, device: str, embedder: str, processes: int, seconds: float, 
            "wall_ops_per_s": round(operations / seconds, 1),
            "hot_hit_rate": round(statistics.mean(r["hot_hit_rate"] or 0.0 for r in reports), 4),
            "repairs": sum(r["repairs"] for r in reports),
+           "writes_left_to_searches": sum(r["left"] for r in reports),
            "worker_cpu_ms_per_op": round(sum(r["cpu_s"] for r in reports) / operations * 1e3, 4) if operations else None}
     measured_waits = all(r["waits"] is not None for r in reports)
     if measured_waits:
