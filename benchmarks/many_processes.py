@@ -187,20 +187,22 @@ def summarise(rows: list[dict], counts: list[int]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                        help="worker process counts, one row each (default: 1 2 4 8 16)")
     parser.add_argument("--mix", nargs="+", default=["95/5", "70/30"], help="search/write percentages")
     parser.add_argument("--deletes", type=float, default=0.2, help="share of the writes that are deletes")
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "none"])
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long every worker runs its mix per row")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "none"],
+                        help="the hot tier's sidecar backend (none: the cold tier alone)")
     parser.add_argument("--embedder", default="none", choices=["none", "default"],
                         help="none: raw 256-d vectors; default: texts, with the default preset's embedder")
-    parser.add_argument("--rows", type=int, default=5000)
+    parser.add_argument("--rows", type=int, default=5000, help="memories loaded beforehand, over 50 namespaces")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every row this many times, alternating, and add a median line per row (the "
                              "machine's speed drifts between runs; compare rows by their medians)")
-    parser.add_argument("--json")
-    parser.add_argument("--png")
+    parser.add_argument("--json", help="also write every row (and the medians) here")
+    parser.add_argument("--png", help="draw throughput against processes here (matplotlib: the bench extra)")
     args = parser.parse_args()
     if args.png:
         try:
