@@ -112,9 +112,9 @@ def worker(path: str, device: str, embedder: str, seconds: float, search_share: 
             waits[kind].append(runq() - q0)
         cpu_s = time.process_time() - cpu0
         stats = memory.stats()
-    out.put({"times": times, "waits": waits if clock else None, "hot_hit_rate": stats.get("hot_hit_rate"), "repairs": stats["rows_moved"]["repairs"],
-             "left": (stats.get("hot_writes") or {}).get("left_to_others", 0),
-             "cpu_s": cpu_s})
+    out.put({"times": times, "waits": waits if clock else None, "hot_hit_rate": stats.get("hot_hit_rate"),
+             "repairs": stats["rows_moved"]["repairs"],
+             "left": (stats.get("hot_writes") or {}).get("left_to_others", 0), "cpu_s": cpu_s})
 
 
 def run(path: Path, device: str, embedder: str, processes: int, seconds: float, search_share: float,
@@ -154,7 +154,7 @@ def run(path: Path, device: str, embedder: str, processes: int, seconds: float, 
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The q-quantile of values (the median for q = 0.5; otherwise the value at rank q * n, as before)."""
+    """The q-quantile of values: the median for q = 0.5, otherwise the value at rank q * n."""
     ordered = sorted(values)
     if q == 0.5:
         return statistics.median(ordered)

@@ -359,7 +359,7 @@ def test_on_a_crowded_machine_an_add_leaves_its_hot_side_to_the_searches(open_me
     memory.add(vectors=vectors[1:2], texts=["b"], namespace="n", ids=[2])  # lock free, crowded: left at once
     assert memory._link.logged.left_to_others == 1 and naps == []
     report = memory.search(vectors[1], k=2, namespace="n", explain=True)  # the search applies it
-    assert report.rule == "complete" and [h.id for h in report.hits][0] == 2 and {h.tier for h in report.hits} == {"hot"}
+    assert report.rule == "complete" and report.hits[0].id == 2 and {h.tier for h in report.hits} == {"hot"}
 
     held, release = threading.Event(), threading.Event()
 

@@ -172,9 +172,9 @@ typedef struct tr_header {
     uint32_t doorbell;
     uint32_t server_sleeping;
     /* written by the server at each sweep: the client processes that sent requests since the last sweep, and the
-     * machine's cores. Advisory (a stray write changes how long a client waits, never what it gets): with more of
-     * the first than the second, a process that blocks waits milliseconds for a core, so clients do not nap while
-     * they wait for one another (tiered_recall/hot/client.py: HotTier.crowded). */
+     * machine's cores. Advisory (a stray write changes how long a store waits, never what a search gets): with
+     * more of the first than the second, a process that blocks waits milliseconds for a core, so a store's writes
+     * leave their hot side to the searches instead of blocking (tiered_recall/hot/client.py: HotTier.crowded). */
     uint32_t busy_clients;
     uint32_t cores;
     uint8_t reserved3[256 - 208];
