@@ -22,10 +22,22 @@ Each row also gives the workers' CPU time per operation (every thread of every w
 operation costs the machine, which a busy neighbour on a shared host inflates less than the throughput. With
 --rounds N every row is run N times, the rows alternating, and a median line per row follows, with the
 aggregate's median as a share of the smallest process count's.
+
+--stores private is the control: every worker runs the same mix on a store of its own (its own copy of the seeded
+store, its own log, and with a hot tier its own sidecar), so nothing is shared between processes, and what its rows
+lose from 2 to 8 processes is what the machine loses (cores, caches, the scheduler), not the store's sharing. Its
+stores flush their logs N times less often, so that N of them together commit to LanceDB as often as one shared
+store does; otherwise the control would carry N times the commits. Compare --stores shared and --stores private in
+one sitting (device none for both, so neither has a sidecar).
+
+    python benchmarks/many_processes.py --processes 2 8 --mix 95/5 --seconds 8 --rounds 3 --device none --stores private
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -69,6 +81,25 @@ def sentence(rng) -> str:
     return "memory about " + " ".join(rng.choice(WORDS, 6))
 
 
+@contextlib.contextmanager
+def log_flushes_stretched(factor: float):
+    """Within the block, every store this process opens flushes its log `factor` times less often than the default:
+    the --stores private control's N stores then commit to LanceDB as often, together, as one shared store does.
+    The cadence is the cold tier's own option (ColdStore's wal_flush_s), which TieredMemory does not expose."""
+    if factor == 1.0:
+        yield
+        return
+    from tiered_recall.storage import cold_store
+
+    init = cold_store.ColdStore.__init__
+    default = inspect.signature(init).parameters["wal_flush_s"].default
+    cold_store.ColdStore.__init__ = functools.partialmethod(init, wal_flush_s=default * factor)
+    try:
+        yield
+    finally:
+        cold_store.ColdStore.__init__ = init
+
+
 def open_store(path, device: str, embedder: str, **options) -> TieredMemory:
     if embedder == "none":
         return TieredMemory(path, dim=DIM, embedder=None, device=device, **options)
@@ -76,7 +107,16 @@ def open_store(path, device: str, embedder: str, **options) -> TieredMemory:
 
 
 def worker(path: str, device: str, embedder: str, seconds: float, search_share: float, delete_share: float,
-           seed: int, ready, out) -> None:
+           seed: int, ready, out, flush_stretch: float = 1.0) -> None:
+    """Runs the mix on the store at `path` for `seconds` and puts its times on `out`; `flush_stretch` > 1 for the
+    --stores private control (log_flushes_stretched)."""
+    with log_flushes_stretched(flush_stretch):
+        measure(path, device, embedder, seconds, search_share, delete_share, seed, ready, out)
+
+
+def measure(path: str, device: str, embedder: str, seconds: float, search_share: float, delete_share: float,
+            seed: int, ready, out) -> None:
+    """One worker's run of its mix (see worker)."""
     rng = np.random.default_rng(seed)
     times: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
     waits: dict[str, list[float]] = {"search": [], "add": [], "delete": []}  # of each operation, waiting for a core
@@ -117,13 +157,17 @@ def worker(path: str, device: str, embedder: str, seconds: float, search_share: 
              "left": (stats.get("hot_writes") or {}).get("left_to_others", 0), "cpu_s": cpu_s})
 
 
-def run(path: Path, device: str, embedder: str, processes: int, seconds: float, search_share: float,
+def run(paths: list[Path], device: str, embedder: str, processes: int, seconds: float, search_share: float,
         delete_share: float) -> dict:
+    """One row: `processes` workers over the stores at `paths` (one shared store, or one store per worker)."""
     context = mp.get_context("spawn")
     out = context.Queue()
     ready = context.Barrier(processes, timeout=600)
-    workers = [context.Process(target=worker, args=(str(path), device, embedder, seconds, search_share, delete_share,
-                                                    1000 + i, ready, out)) for i in range(processes)]
+    private = len(paths) > 1
+    workers = [context.Process(target=worker, args=(str(paths[i if private else 0]), device, embedder, seconds,
+                                                    search_share, delete_share, 1000 + i, ready, out,
+                                                    float(processes) if private else 1.0))
+               for i in range(processes)]
     for w in workers:
         w.start()
     reports = [out.get(timeout=seconds + 300) for _ in workers]
@@ -201,6 +245,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every row this many times, alternating, and add a median line per row (the "
                              "machine's speed drifts between runs; compare rows by their medians)")
+    parser.add_argument("--stores", default="shared", choices=["shared", "private"],
+                        help="shared: every worker opens the one store; private: the control, a store of its own "
+                             "per worker (nothing shared; see above)")
     parser.add_argument("--json", help="also write every row (and the medians) here")
     parser.add_argument("--png", help="draw throughput against processes here (matplotlib: the bench extra)")
     args = parser.parse_args()
@@ -226,13 +273,21 @@ def main() -> None:
                 search_pct = float(mix.split("/")[0]) / 100
                 writes = 1 - search_pct
                 for processes in args.processes:
-                    path = Path(tmp) / f"run-{mix.replace('/', '-')}-{processes}"
-                    shutil.copytree(seeded, path, ignore=shutil.ignore_patterns("*.lock", "metrics"))
-                    with open_store(path, args.device, args.embedder, hot_capacity=args.rows * 4):  # the sidecar
-                        row = run(path, args.device, args.embedder, processes, args.seconds, search_pct,
+                    run_dir = Path(tmp) / f"run-{mix.replace('/', '-')}-{processes}"
+                    paths = [run_dir / f"store-{i}" for i in range(processes if args.stores == "private" else 1)]
+                    with contextlib.ExitStack() as sidecars:
+                        if len(paths) > 1:  # the parent's handles flush too: at the control's cadence
+                            sidecars.enter_context(log_flushes_stretched(float(processes)))
+                        for path in paths:
+                            shutil.copytree(seeded, path, ignore=shutil.ignore_patterns("*.lock", "metrics"))
+                            # opened here first, so that its sidecar is up before the workers start
+                            sidecars.enter_context(open_store(path, args.device, args.embedder,
+                                                              hot_capacity=args.rows * 4))
+                        row = run(paths, args.device, args.embedder, processes, args.seconds, search_pct,
                                   writes * args.deletes)
-                    shutil.rmtree(path, ignore_errors=True)
-                    row.update(mix=mix, embedder=args.embedder, device=args.device, round=round_)
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                    row.update(mix=mix, embedder=args.embedder, device=args.device, stores=args.stores,
+                               round=round_)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     summary = summarise(rows, args.processes) if args.rounds > 1 else []
@@ -254,7 +309,7 @@ def main() -> None:
                     label=f"search/write {mix} ({args.embedder if args.embedder != 'none' else 'raw vectors'})")
         ax.set_xlabel("processes")
         ax.set_ylabel("aggregate operations / s (busy time)")
-        ax.set_title(f"one store, {args.device} hot tier")
+        ax.set_title(f"{'one store' if args.stores == 'shared' else 'a store per process'}, {args.device} hot tier")
         ax.set_xscale("log", base=2)
         ax.set_xticks(args.processes, [str(p) for p in args.processes])
         ax.legend()
