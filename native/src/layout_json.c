@@ -42,7 +42,7 @@ void tr_print_layout_json(void) {
     FIELD(tr_ns_entry, ns_hash) FIELD(tr_ns_entry, hot_rows) FIELD(tr_ns_entry, total_rows)
     printf("}},\n \"tr_client_entry\": {\"size\": %zu, \"fields\": {", sizeof(tr_client_entry));
     first = 1;
-    FIELD(tr_client_entry, pid)
+    FIELD(tr_client_entry, pid) FIELD(tr_client_entry, activity)
     printf("}},\n \"tr_call_result\": {\"size\": %zu, \"fields\": {", sizeof(tr_call_result));
     first = 1;
     FIELD(tr_call_result, status) FIELD(tr_call_result, reply_count) FIELD(tr_call_result, service_ns)

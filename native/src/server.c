@@ -53,10 +53,11 @@ int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, voi
     s->score_scratch = malloc((size_t)h->max_search_queries * h->max_k * sizeof(float));
     s->suspect_seq = calloc(h->slot_count, sizeof(uint32_t));
     s->swept_seq = calloc(h->slot_count, sizeof(uint32_t));
+    s->swept_activity = calloc(TR_MAX_CLIENTS, sizeof(uint32_t));
     s->suspect_sweeps = calloc(h->slot_count, sizeof(uint8_t));
     s->meta_scratch = malloc((size_t)h->max_upsert_rows * 3 * sizeof(int64_t));
     if (!s->query_scratch || !s->id_scratch || !s->score_scratch || !s->suspect_seq || !s->suspect_sweeps ||
-        !s->swept_seq || !s->meta_scratch) {
+        !s->swept_seq || !s->swept_activity || !s->meta_scratch) {
         snprintf(err, errlen, "out of memory for request scratch space");
         return -1;
     }
@@ -87,6 +88,7 @@ void tr_server_free(tr_server *s) {
     free(s->score_scratch);
     free(s->suspect_seq);
     free(s->swept_seq);
+    free(s->swept_activity);
     free(s->suspect_sweeps);
     free(s->meta_scratch);
     for (int i = 0; i < 3; i++) free(s->owned[i]);
@@ -556,8 +558,12 @@ static void sweep(tr_server *s, uint64_t now) {
     }
     tr_client_entry *clients = tr_clients(s->seg->base, &s->geo);
     int live = 0;
+    uint32_t active = 0; /* entries whose client moved its activity on since the last sweep */
     for (uint32_t i = 0; i < TR_MAX_CLIENTS; i++) {
         int32_t pid = __atomic_load_n(&clients[i].pid, __ATOMIC_ACQUIRE);
+        uint32_t activity = __atomic_load_n(&clients[i].activity, __ATOMIC_RELAXED);
+        active += pid != 0 && activity != s->swept_activity[i];
+        s->swept_activity[i] = activity;
         if (pid == 0) continue;
         if (tr_pid_alive(pid)) {
             live++;
@@ -566,6 +572,8 @@ static void sweep(tr_server *s, uint64_t now) {
         }
     }
     if (live) s->last_client_seen_ns = now;
+    /* a process that sends requests and moves its activity on is counted by both: the larger count stands */
+    if (active > used) used = active;
     s->busy_clients = used;
     __atomic_store_n(&h->busy_clients, used, __ATOMIC_RELAXED);
     __atomic_store_n(&h->cores, s->cores, __ATOMIC_RELAXED);

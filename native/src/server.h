@@ -35,7 +35,9 @@ typedef struct tr_server {
     uint8_t *suspect_sweeps; /* per slot: consecutive sweeps it was seen so (0 = not suspect) */
     uint64_t last_client_seen_ns;
     uint32_t *swept_seq;    /* per slot: seq at the last sweep */
-    uint32_t busy_clients;  /* slots used between the last two sweeps: the client processes at work */
+    uint32_t *swept_activity; /* per client entry: its activity at the last sweep */
+    uint32_t busy_clients;  /* client processes at work between the last two sweeps (slots used, or entries whose
+                             * activity moved, whichever count is larger) */
     uint32_t cores;         /* online cores: the idle spin is kept only while the clients leave one free */
     struct search_batch *batch; /* searches being gathered for search_many (NULL: not batched) */
     struct search_batch *flight; /* the batch submitted to the backend, not yet published (or NULL) */

@@ -242,6 +242,28 @@ def test_sidecar_publishes_its_busy_clients_and_cores(start):
     assert hot._header.busy_clients == 0
 
 
+def test_a_client_that_notes_work_without_requests_counts_as_busy(start):
+    """A process at work on its store counts as busy whether or not it sends the sidecar requests: it moves the
+    activity of its client entry on (HotTier.note_work), and the sweep counts the entries that moved. no_spare_core
+    says when the busy processes fill the cores."""
+    _, hot = start(dim=8, capacity=100)
+    entry = L.ClientEntry.from_buffer(hot._mm, hot._header.clients_offset + 8 * hot._client_index)
+    assert entry.pid == os.getpid()
+    before = entry.activity
+    deadline = time.monotonic() + 0.35  # spans at least two sweeps
+    while time.monotonic() < deadline:
+        hot.note_work()
+        time.sleep(0.001)
+    assert entry.activity != before
+    assert hot._header.busy_clients == 1 and hot._header.searches == 0
+    time.sleep(0.35)
+    assert hot._header.busy_clients == 0
+    del entry  # the test's own view of the segment, before the fixture closes it
+    for busy, cores, no_spare in ((1, 2, False), (2, 2, True), (3, 2, True), (0, 0, False)):
+        hot._header.busy_clients, hot._header.cores = busy, cores
+        assert hot.no_spare_core is no_spare
+
+
 def test_a_client_that_reads_crowded_words_still_gets_its_answer(start):
     """The words are advisory: a stray value (another process's write) only changes how a store waits, never what a
     search gets."""

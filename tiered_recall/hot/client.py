@@ -199,6 +199,12 @@ class HotTier:
         self._fast = None if fast is None else fast.FastClient(self._base, self._pid, self._timeout_ns, self._spin_ns,
                                                                self._yield_ns, SearchResult)
         self._client_index = self._lib.tr_client_register(self._base, self._pid)
+        # This client's entry as two 32-bit words (pid, activity): note_work() moves the second on. None when the
+        # table of clients was full (the sweep then counts this process only by its requests).
+        self._entry_words = None
+        if self._client_index >= 0:
+            entry = int(h.clients_offset) + C.sizeof(L.ClientEntry) * self._client_index
+            self._entry_words = memoryview(self._mm)[entry:entry + C.sizeof(L.ClientEntry)].cast("I")
         self.ping()
 
     @classmethod
@@ -490,9 +496,28 @@ class HotTier:
         """Rows in the hot tier now, read straight from the segment header."""
         return int(self._header.hot_rows)
 
+    def note_work(self) -> None:
+        """Counts one operation of this process on its store in the segment (its client entry's activity), whether
+        or not it sends the sidecar a request: the sidecar's sweep counts the processes at work from it
+        (busy_clients), which crowded and no_spare_core read. A plain store to shared memory, no call."""
+        words = self._entry_words
+        if words is not None:
+            try:
+                words[1] = (words[1] + 1) & 0xFFFFFFFF
+            except ValueError:  # another thread closed this client meanwhile: nothing left to count
+                pass
+
+    @property
+    def no_spare_core(self) -> bool:
+        """At least as many client processes were at work in the sidecar's last sweep (100 ms) as the machine has
+        cores: a scan the sidecar runs on the CPU then takes a core from one of them, and its caller waits for a core
+        to run again. Advisory: it may change which exact path a store takes, never what it answers."""
+        h = self._header
+        return int(h.busy_clients) >= int(h.cores) > 0
+
     @property
     def crowded(self) -> bool:
-        """More client processes sent requests in the sidecar's last sweep (100 ms) than the machine has cores, as
+        """More client processes were at work in the sidecar's last sweep (100 ms) than the machine has cores, as
         the sidecar published them: a process that blocks (a sleep, a lock, a reply) then waits for a core to run
         again, so waiting in short naps costs far more than the nap. Advisory: it changes how long callers wait,
         never what they get."""
@@ -572,6 +597,9 @@ class HotTier:
         if drained and self._client_index >= 0:
             self._lib.tr_client_unregister(self._base, self._client_index, self._pid)
         self._ns_words.release()
+        words, self._entry_words = self._entry_words, None
+        if words is not None:
+            words.release()
         del self._header, self._anchor, self._ns_table, self._ns_words
         self._base = 0
         mm, self._mm = self._mm, None

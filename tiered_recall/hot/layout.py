@@ -182,9 +182,10 @@ class NsEntry(C.Structure):
 
 
 class ClientEntry(C.Structure):
-    """tr_client_entry: the pid of one attached client (0 = free)."""
+    """tr_client_entry: the pid of one attached client (0 = free), and its activity (bumped at each operation on its
+    store: the sidecar's sweep counts the entries that moved as busy clients)."""
 
-    _fields_ = [("pid", C.c_int32), ("_reserved", C.c_uint32)]
+    _fields_ = [("pid", C.c_int32), ("activity", C.c_uint32)]
 
 
 class CallResult(C.Structure):

@@ -171,10 +171,13 @@ typedef struct tr_header {
     /* doorbell: clients bump it after publishing a request; the server sleeps on it */
     uint32_t doorbell;
     uint32_t server_sleeping;
-    /* written by the server at each sweep: the client processes that sent requests since the last sweep, and the
-     * machine's cores. Advisory (a stray write changes how long a store waits, never what a search gets): with
-     * more of the first than the second, a process that blocks waits milliseconds for a core, so a store's writes
-     * leave their hot side to the searches instead of blocking (tiered_recall/hot/client.py: HotTier.crowded). */
+    /* written by the server at each sweep: the client processes at work since the last sweep (they sent requests,
+     * or moved their tr_client_entry's activity on), and the machine's cores. Advisory (a stray write changes how
+     * a store waits or which exact path a search takes, never what it gets): with more of the first than the
+     * second, a process that blocks waits milliseconds for a core, so a store's writes leave their hot side to the
+     * searches instead of blocking (HotTier.crowded); with as many, a CPU sidecar's scan takes a core from a
+     * client, so a store answers small scopes from its own exact copy (HotTier.no_spare_core;
+     * tiered_recall/hot/client.py). */
     uint32_t busy_clients;
     uint32_t cores;
     uint8_t reserved3[256 - 208];
@@ -227,7 +230,10 @@ typedef struct tr_ns_entry {
 /* Attached clients (pid 0 = free); lets the sidecar notice when its last client is gone. */
 typedef struct tr_client_entry {
     int32_t pid;
-    uint32_t reserved;
+    /* bumped by the client at each operation on its store, whether or not it sends the sidecar a request (a search
+     * the store answers without it, a write whose hot side it leaves to others): the sweep counts the entries it
+     * moved on as client processes at work (busy_clients). Advisory, like busy_clients. */
+    uint32_t activity;
 } tr_client_entry;
 
 TR_STATIC_ASSERT(sizeof(tr_header) == TR_HEADER_BYTES, "tr_header must stay 1024 bytes");
