@@ -488,7 +488,7 @@ def replay(w: Workload, root: Path, base: Path | None, *, policy: str, rules: st
         if sel.any():
             latency[p] = {"searches": int(sel.sum()), "p50_us": float(np.percentile(secs[sel], 50)),
                           "p99_us": float(np.percentile(secs[sel], 99))}
-    by_rule = {r: int((rules_arr == r).sum()) for r in ("complete", "bound", "threshold", "cold", "no-hot")}
+    by_rule = {r: int((rules_arr == r).sum()) for r in ("complete", "bound", "threshold", "cold", "no-spare-core", "no-hot")}
     skipped = rules_arr != "cold"
     return {
         "workload": w.name, "policy": policy, "rules": rules, "capacity": capacity,

@@ -68,6 +68,19 @@ class Searcher:
         where filter, or a BM25 index still to be built through a lagging handle."""
         return where is not None or (self._follower.bm25 is None and self._tables.lagging_reads)
 
+    def exact_scan_rows(self, namespace: str | None) -> int | None:
+        """The rows a vector search of the scope (a namespace, or every one; no where filter, no text) reads when it
+        scans the mirror exactly, or None when it would not (no mirror, LanceDB serves, or FAISS picks the
+        candidates): what such a search costs, read without the lock (a hint, the search itself is exact)."""
+        m = self._follower.mirror
+        if m is None or self._mode == "lancedb":
+            return None
+        ann = self._index.ann if self._mode == "auto" else None
+        if namespace is None:
+            return m.live_rows if ann is None else None
+        rows = m.namespace_live(namespace)
+        return rows if ann is None or rows <= _EXACT_SUBSET_MAX else None
+
     # ---- searches ------------------------------------------------------------------------------
     def search_locked(self, query: np.ndarray, k: int, namespace: str | None, where: str | None,
                       excluded: np.ndarray | None, text: str | None) -> Hits:

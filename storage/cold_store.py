@@ -289,6 +289,14 @@ class ColdStore:
         with self._read_locked(flush=self._searcher.table_serves(where, text)):
             return self._searcher.search_locked(query, k, namespace, where, excluded, text)
 
+    def exact_scan_rows(self, namespace: str | None = None) -> int | None:
+        """The rows search(vector, namespace=namespace) reads when it answers by an exact scan of the in-memory
+        mirror, or None when it would not (no mirror, LanceDB serves, or FAISS picks the candidates). A hint for a
+        caller choosing between this and another exact path: read without the lock, it may be a write behind."""
+        self._life.ensure_open()
+        namespace = check.check_optional_namespace(namespace)
+        return self._searcher.exact_scan_rows(namespace)
+
     def text_search(self, text: str, *, k: int, namespace: str | None = None, where: str | None = None,
                     exclude_ids=None) -> tuple[np.ndarray, np.ndarray]:
         """BM25 alone over the memory texts: (ids int64, BM25 scores float32), best first, ties by smaller id;

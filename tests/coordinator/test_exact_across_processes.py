@@ -452,3 +452,40 @@ def test_a_writer_that_closes_applies_the_writes_it_left_to_others(open_memory, 
     assert reader._link.token(namespace_hash("n")) is not None  # applied by the writer as it closed
     report = reader.search(vectors[1], k=2, namespace="n", explain=True)
     assert report.rule == "complete" and [h.id for h in report.hits][0] == 2 and {h.tier for h in report.hits} == {"hot"}
+
+
+def test_with_no_core_to_spare_a_small_scope_is_answered_from_the_mirror_without_the_sidecar(open_memory, tmp_path,
+                                                                                            monkeypatch):
+    """When the client processes at work fill the cores (HotTier.no_spare_core), a CPU sidecar's scan would take a
+    core from one of them: a search whose scope the mirror scans exactly in a few rows is answered from it (rule
+    "no-spare-core", path "cold"), exactly, without a request to the sidecar and without promotions. A scope past
+    OWN_COPY_SCAN_MAX_ELEMENTS, a CUDA sidecar, or a spare core: the hot tier answers as before."""
+    from tiered_recall.coordinator import memory as memory_module
+    from tiered_recall.hot import HotTier
+
+    rng = np.random.default_rng(31)
+    vectors = unit(rng, 40)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors[:20], texts=["a"] * 20, namespace="n", ids=list(range(1, 21)))
+    memory.add(vectors=vectors[20:30], texts=["b"] * 10, namespace="m", ids=list(range(21, 31)))
+    hot = memory._link.hot
+    assert memory.search(vectors[3], k=5, namespace="n", explain=True).rule == "complete"  # a spare core
+
+    monkeypatch.setattr(HotTier, "no_spare_core", property(lambda self: True))
+    searches_before, promoted_before = int(hot._header.searches), memory.stats()["rows_moved"]["promoted"]
+    memory.add(vectors=vectors[30:31], texts=["c"], namespace="n", ids=[31])  # seen at once, hot side or not
+    for i in (3, 30, 7):
+        report = memory.search(vectors[i], k=5, namespace="n", explain=True)
+        exact = np.argsort(-(vectors[list(range(20)) + [30]] @ vectors[i]), kind="stable")[:5]
+        expected = [([*range(1, 21), 31])[j] for j in exact]
+        assert report.rule == "no-spare-core" and report.path == "cold"
+        assert [h.id for h in report.hits] == expected and {h.tier for h in report.hits} == {"cold"}
+    assert int(hot._header.searches) == searches_before  # the sidecar was not asked
+    assert memory.stats()["rows_moved"]["promoted"] == promoted_before
+
+    monkeypatch.setattr(memory_module, "OWN_COPY_SCAN_MAX_ELEMENTS", 10 * DIM)  # "n" (21 rows) is now too large
+    report = memory.search(vectors[3], k=5, namespace="n", explain=True)
+    assert report.rule != "no-spare-core" and int(hot._header.searches) == searches_before + 1
+    assert memory.search(vectors[22], k=3, namespace="m", explain=True).rule == "no-spare-core"  # 10 rows fit
+    monkeypatch.setattr(hot, "backend", "cuda")  # a GPU sidecar's scan takes no core from the clients
+    assert memory.search(vectors[22], k=3, namespace="m", explain=True).rule == "complete"

@@ -346,6 +346,8 @@ class HotLink:
         a wait for a core, and the searches that apply the record instead are many and already running. A write that
         bypassed the log holds the lock already (it keeps its place in the log's order), and own_side(hot) does its
         side where its note is reached."""
+        if self.hot is not None:
+            self.hot.note_work()  # a write counts as work on the store, whether or not it asks the sidecar
         if bump is None:
             return True  # nothing was written
         if self.logged is None:

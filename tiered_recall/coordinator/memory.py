@@ -39,6 +39,10 @@ API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_on
 # A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
 # answers; over more it is one cold-tier search filtered to the namespaces (docs/frameworks.md gives the figures).
 PREFIX_FANOUT_MAX = 64
+# A CPU sidecar with no spare core (HotTier.no_spare_core): a scope whose exact scan of this process's mirror reads at
+# most this many elements (rows x dim; 1 MiB of float32, about 0.1 ms of numpy) is answered from the mirror, since the
+# round trip then costs a wait for a core and its context switches. Larger scopes still go to the sidecar.
+OWN_COPY_SCAN_MAX_ELEMENTS = 1 << 18
 # A sidecar polls for a while after each answer (its --idle-spin-us, 2 ms by default), betting that the next search
 # follows at once. Beside E5, whose query takes milliseconds on the same cores (onnxruntime) or the same GPU (torch:
 # the persistent kernel holds every SM while it polls), most of that polling only delays the next query's embedding;
@@ -573,6 +577,8 @@ class TieredMemory:
             if namespace is not None:
                 self.policy.observe(namespace, placement.tick)
             hot = self._link.ensure()
+            if hot is not None:
+                hot.note_work()
             answer = self._hot_answer(hot, q, k, fetch, namespace, now_us) if hot is not None and where is None \
                 else _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-hot", False)
             hot = self._link.hot
@@ -585,7 +591,7 @@ class TieredMemory:
             if use:
                 placement.use(i for _, i, tier in ranked if tier == "hot")
             path = "hot" if cold is None else ("hot+cold" if answer.rule == "cold" and answer.asked else "cold")
-            if answer.rule == "cold" and hot is not None:
+            if answer.rule == "cold" and hot is not None:  # not after "no-spare-core": nothing was missed
                 self._after_cold_path(hot, namespace, ranked, answer.trusted)
         return ranked, found, answer, path
 
@@ -607,6 +613,8 @@ class TieredMemory:
         """The hot tier's candidates and the rule they answer by. The certificate is read before the hot answer and
         checked again after it and its counts: a write that began in between (any process's) makes it "cold"."""
         link, placement = self._link, self._placement
+        if self._own_copy_cheaper(hot, namespace):
+            return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-spare-core", True, asked=False)
         try:
             if not self._hot_may_answer(hot, namespace):
                 # No rule could skip the cold tier, which is then searched alone: its answer is exact over every
@@ -647,6 +655,17 @@ class TieredMemory:
         found = self._cache.lookup(int(i) for i in ids)
         return sorted((self.scoring.score(float(s), found[int(i)], now_us) for i, s in zip(ids, scores)
                        if int(i) in found), reverse=True)
+
+    def _own_copy_cheaper(self, hot, namespace: str | None) -> bool:
+        """A CPU sidecar with no core to spare (HotTier.no_spare_core), and a scope the cold tier answers by an exact
+        scan of this process's mirror of at most OWN_COPY_SCAN_MAX_ELEMENTS: the mirror answers (rule
+        "no-spare-core", path "cold"), exact like every cold answer, and the sidecar is not asked. Its round trip
+        would take a core from a client (the sidecar's scan) and cost the caller a wait for one; the scan here costs
+        less. Nothing was missed, so nothing is promoted."""
+        if hot.backend != "cpu" or not hot.no_spare_core:
+            return False
+        rows = self.cold.exact_scan_rows(namespace)
+        return rows is not None and rows * self.dim <= OWN_COPY_SCAN_MAX_ELEMENTS
 
     def _hot_may_answer(self, hot, namespace: str | None) -> bool:
         """Whether some rule could answer the scope from the hot tier, judged before asking it: the threshold rule

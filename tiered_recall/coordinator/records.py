@@ -68,7 +68,8 @@ class SearchReport:
 
     rule: "complete" (rule 1: the hot tier holds the whole namespace), "bound" (rule 2: no cold
     row can reach the top k), "threshold" (rule 3: hot k-th score >= confidence), "cold" (the
-    cold tier was searched and merged), "no-hot" (no hot tier, or a where filter: cold only), or
+    cold tier was searched and merged), "no-spare-core" (a CPU sidecar with no core to spare: the cold tier's
+    in-memory copy answered a small scope alone), "no-hot" (no hot tier, or a where filter: cold only), or
     "hybrid" (BM25 fused with the vector ranking, by the cold tier).
     hot_kth: the hot k-th (final) score or None; cold_bound: the best score a cold-only row could
     reach (rule 2), None when not evaluated. stages: the retrieval stages (a tiered_recall.Stages) that re-ranked an
