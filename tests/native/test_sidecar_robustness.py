@@ -1,6 +1,7 @@
 """The sidecar under many clients, hostile slot contents, and killed processes."""
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -247,7 +248,8 @@ def test_a_client_that_notes_work_without_requests_counts_as_busy(start):
     activity of its client entry on (HotTier.note_work), and the sweep counts the entries that moved. no_spare_core
     says when the busy processes fill the cores."""
     _, hot = start(dim=8, capacity=100)
-    entry = L.ClientEntry.from_buffer(hot._mm, hot._header.clients_offset + 8 * hot._client_index)
+    at = hot._header.clients_offset + ctypes.sizeof(L.ClientEntry) * hot._client_index
+    entry = L.ClientEntry.from_buffer(hot._mm, at)
     assert entry.pid == os.getpid()
     before = entry.activity
     deadline = time.monotonic() + 0.35  # spans at least two sweeps
