@@ -6,7 +6,7 @@ import os
 import threading
 import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -133,7 +133,8 @@ class TableUpkeep:
     no flush or direct write commits meanwhile, and its versions are logged as benign for the other processes."""
 
     def __init__(self, *, tables: "LanceTables", wal: "WriteAheadLog | None", follower: "Follower",
-                 index: "FaissIndex", lock: threading.RLock, life: "Lifecycle", cleanup_grace_s: float,
+                 index: "FaissIndex", lock: threading.RLock, unlogged_commits: threading.RLock, life: "Lifecycle",
+                 cleanup_grace_s: float,
                  compact_every_writes: int, scalar_index_min_rows: int, ann_index_min_rows: int, index_mode: str,
                  dim: int) -> None:
         self._tables = tables
@@ -141,6 +142,7 @@ class TableUpkeep:
         self._follower = follower
         self._index = index
         self._lock = lock
+        self._unlogged_commits = unlogged_commits  # without a log: held by compactions and by direct writes
         self._life = life
         self._path = tables.path
         self._cleanup_grace = timedelta(seconds=float(cleanup_grace_s))
@@ -177,12 +179,13 @@ class TableUpkeep:
             self._thread.note_writes()
 
     def no_row_commits(self):
-        """Held around a compaction: no flush and no direct write commits meanwhile (they take the same flush lock).
+        """Held around a compaction: no flush and no direct write commits meanwhile (they take the same flush lock;
+        without a log, this process's direct writes take the same unlogged-commit lock).
         LanceDB drops a compaction task whose fragments a concurrent delete touched ("Retryable commit conflict ...
         preempted by concurrent transaction Delete"): with deletes flushed every half second, compaction would lose
         every time and fragments pile up. Adds and deletes go on meanwhile: they are appended to the log, which the
         flusher commits after the compaction."""
-        return self._wal.flushing() if self._wal is not None else nullcontext()
+        return self._wal.flushing() if self._wal is not None else self._unlogged_commits
 
     def compact_now(self) -> None:
         """Compact now, build the indices due and drop every old version (waits for this process's queued upkeep and

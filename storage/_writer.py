@@ -68,9 +68,11 @@ class Writer:
     no log (wal=False, or a read-only store without one) every write commits to LanceDB before returning."""
 
     def __init__(self, *, wal: WriteAheadLog | None, follower: "Follower", tables: LanceTables,
-                 generations: WriteGenerations | None, lock: threading.RLock, life: Lifecycle, read_only: bool,
-                 flush_rows: int, flush_s: float, note_writes: Callable[[], None]) -> None:
+                 generations: WriteGenerations | None, lock: threading.RLock, unlogged_commits: threading.RLock,
+                 life: Lifecycle, read_only: bool, flush_rows: int, flush_s: float,
+                 note_writes: Callable[[], None]) -> None:
         self.wal = wal
+        self._unlogged_commits = unlogged_commits  # without a log: held by direct writes and by compactions
         self._follower = follower
         self._tables = tables
         self._generations = generations
@@ -282,7 +284,8 @@ class Writer:
         """For a write that bypasses the log (delete, large add): both log locks, and the log flushed and empty
         (see _wal.py). Lock order: flush lock, append lock, then the store's lock."""
         if self.wal is None:
-            yield
+            with self._unlogged_commits:
+                yield
             return
         with self.wal.flushing():
             self._flush_locked()  # the bulk of the log, appends going on meanwhile

@@ -145,13 +145,17 @@ class ColdStore:
         self._follower.watcher = self._index
         self._reads = RowReads(self._follower, self._tables, self._dim)
         self._searcher = Searcher(self._follower, self._index, self._tables, self._reads, dim=self._dim, mode=index)
+        # Without a log nothing else keeps this process's direct writes and its compactions apart (with one, both take
+        # the flush lock): a compaction whose fragments a delete touched meanwhile is dropped by LanceDB.
+        unlogged_commits = threading.RLock()
         self._upkeep = TableUpkeep(tables=self._tables, wal=self._wal, follower=self._follower, index=self._index,
-                                   lock=self._lock, life=self._life, cleanup_grace_s=cleanup_grace_s,
+                                   lock=self._lock, unlogged_commits=unlogged_commits, life=self._life, cleanup_grace_s=cleanup_grace_s,
                                    compact_every_writes=compact_every_writes,
                                    scalar_index_min_rows=int(scalar_index_min_rows),
                                    ann_index_min_rows=int(ann_index_min_rows), index_mode=index, dim=self._dim)
         self._writer = Writer(wal=self._wal, follower=self._follower, tables=self._tables,
-                              generations=self._generations, lock=self._lock, life=self._life, read_only=read_only,
+                              generations=self._generations, lock=self._lock, unlogged_commits=unlogged_commits,
+                              life=self._life, read_only=read_only,
                               flush_rows=wal_flush_rows, flush_s=float(wal_flush_s),
                               note_writes=self._upkeep.note_writes)
         with self._lock:
