@@ -2,9 +2,10 @@
 imports no cold tier and no LanceDB, so it runs where only the GPU is (the import-linter contracts say so)."""
 from __future__ import annotations
 
-from .client import SHM_DIR, HotTier, SearchResult, segment_path, validate_name
+from .client import HotTier, SearchResult
 from .native import sidecar_executable
 from .process import DetachedSidecar, SidecarProcess, sidecar_args, start_sidecar
+from .segment import SHM_DIR, segment_path, validate_name
 
 __all__ = ["HotTier", "SearchResult", "start_sidecar", "sidecar_args", "SidecarProcess", "DetachedSidecar",
            "segment_path", "validate_name", "sidecar_executable", "SHM_DIR"]

@@ -1,4 +1,5 @@
-"""HotTier: the client of one sidecar's shared-memory segment (attach, search, upsert, delete, list, counts).
+"""HotTier: the client of one sidecar's shared-memory segment (attach, search, upsert, delete, list, counts);
+what it reads straight from the mapping without a call is segment.py's.
 
 Everything that mirrors native details stays private; the public surface takes and returns numpy
 arrays and raises the exceptions of `tiered_recall.errors`.
@@ -11,22 +12,21 @@ import os
 import threading
 import time
 import warnings
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from ..errors import (
     HotTierFull,
-    IncompatibleLayout,
     InvalidInput,
     SidecarError,
     SidecarUnavailable,
 )
 from . import layout as L
 from .native import client_library, fast_search_module
+from .segment import (BACKEND_NAMES, DTYPE_NAMES, MASK64, NS_DTYPE, SegmentReads, checked_header, segment_path,
+                      validate_name)
 
-SHM_DIR = Path("/dev/shm")
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_SPIN_US = 50.0
 # A CUDA sidecar answers a search in ~20-150 us (launch, scan, completion), so a client that sleeps
@@ -40,38 +40,9 @@ DEFAULT_CUDA_SPIN_US = 300.0
 # sidecar's scan threads (on a 2-core machine a yielding client made a 100k x 384 search 5.0 -> 6.2 ms).
 DEFAULT_CUDA_YIELD_US = 10_000.0
 
-_NS_DTYPE = np.dtype([("ns_hash", "<u8"), ("hot_rows", "<u8"), ("total_rows", "<u8"), ("_r", "<u8")])
-_DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_F16: "f16"}
-_BACKEND_NAMES = {L.BACKEND_CPU: "cpu", L.BACKEND_CUDA: "cuda"}
 _INVALID_STATUSES = {L.E_BAD_K, L.E_BAD_COUNT, L.E_NOT_FINITE, L.E_ZERO_VECTOR, L.E_BAD_FLAGS, L.E_BAD_PAYLOAD}
-_MASK64 = (1 << 64) - 1
 _MAPPINGS_IN_USE: list[mmap.mmap] = []  # segments a closed HotTier could not unmap (HotTier.close)
 _F32 = np.dtype(np.float32)
-
-
-def validate_name(name: str) -> str:
-    """Segment names become a file in /dev/shm: keep them to a safe alphabet so no path can escape."""
-    if not isinstance(name, str) or not name or len(name) > L.NAME_MAX or name.startswith(".") or ".." in name:
-        raise InvalidInput(
-            f"invalid sidecar name {name!r}: use 1-{L.NAME_MAX} characters of [A-Za-z0-9_.-], not starting with '.'"
-        )
-    if any(not (c.isascii() and (c.isalnum() or c in "_.-")) for c in name):
-        raise InvalidInput(f"invalid sidecar name {name!r}: only [A-Za-z0-9_.-] are allowed")
-    return name
-
-
-def segment_path(name: str) -> Path:
-    """The shared-memory file of sidecar `name` (/dev/shm/tiered-recall.NAME); the name is validated first."""
-    return SHM_DIR / f"{L.SEGMENT_PREFIX}{validate_name(name)}"
-
-
-def _mix64(x: int) -> int:
-    x ^= x >> 33
-    x = (x * 0xFF51AFD7ED558CCD) & _MASK64
-    x ^= x >> 33
-    x = (x * 0xC4CEB9FE1A85EC53) & _MASK64
-    x ^= x >> 33
-    return x
 
 
 def _as_ids(ids: Sequence[int] | np.ndarray, what: str = "ids") -> np.ndarray:
@@ -81,39 +52,6 @@ def _as_ids(ids: Sequence[int] | np.ndarray, what: str = "ids") -> np.ndarray:
     if arr.size and arr.dtype.kind not in "iu":
         raise InvalidInput(f"{what} must be integers, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.int64)
-
-
-def _checked_header(fd: int, path: Path, name: str, dim: int | None) -> "L.Header":
-    """The segment's header, refused (naming the fix) when it is another user's, still being made, of another layout
-    version or dim, or smaller than it says."""
-    st = os.fstat(fd)
-    if st.st_uid != os.getuid():
-        raise SidecarUnavailable(
-            f"segment {path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()}): refusing to attach"
-        )
-    if st.st_size < L.HEADER_BYTES:
-        raise SidecarUnavailable(f"segment {path} is still being created or is truncated: retry shortly")
-    raw = os.pread(fd, L.HEADER_BYTES, 0)
-    head = L.Header.from_buffer_copy(raw)
-    if head.magic != L.MAGIC:
-        raise IncompatibleLayout(f"{path} is not a tiered-recall segment (bad magic): remove it or pick another name")
-    if head.layout_version != L.LAYOUT_VERSION or head.header_bytes != L.HEADER_BYTES:
-        raise IncompatibleLayout(
-            f"segment layout v{head.layout_version}, client v{L.LAYOUT_VERSION}: restart the sidecar "
-            "with the installed version (`tiered-recall serve`)"
-        )
-    if dim is not None and head.dim != dim:
-        raise IncompatibleLayout(
-            f"sidecar {name!r} serves dim {head.dim}, you asked for dim {dim}: use dim={head.dim} "
-            "or start a sidecar with another --name"
-        )
-    if st.st_size < head.segment_bytes:
-        raise IncompatibleLayout(f"segment {path} is smaller than its header says: restart the sidecar")
-    if L.search_result_offset(1, head.dim) + head.max_k * 12 > head.slot_payload_bytes:  # search() relies on it
-        raise IncompatibleLayout(
-            f"segment {path}: one query at k={head.max_k} does not fit a slot: restart the sidecar"
-        )
-    return head
 
 
 class SearchResult:
@@ -131,7 +69,7 @@ class SearchResult:
         return f"SearchResult(hits={self.hits}, ids={self.ids!r}, scores={self.scores!r})"
 
 
-class HotTier:
+class HotTier(SegmentReads):
     """A client attached to one sidecar's segment. Thread-safe; one per process is plenty.
 
     Attach with `HotTier.attach(name)`; the segment must be owned by this user and speak this
@@ -168,7 +106,7 @@ class HotTier:
         except PermissionError:
             raise SidecarUnavailable(f"segment {path} belongs to another user: it cannot be attached") from None
         try:
-            head = _checked_header(fd, path, name, dim)
+            head = checked_header(fd, path, name, dim)
             self._mm = mmap.mmap(fd, head.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
@@ -178,8 +116,8 @@ class HotTier:
         h = self._header
         self.dim = int(h.dim)
         self.capacity = int(h.capacity)
-        self.dtype = _DTYPE_NAMES.get(h.dtype, str(h.dtype))
-        self.backend = _BACKEND_NAMES.get(h.backend, str(h.backend))
+        self.dtype = DTYPE_NAMES.get(h.dtype, str(h.dtype))
+        self.backend = BACKEND_NAMES.get(h.backend, str(h.backend))
         if int(h.backend) == L.BACKEND_CUDA:  # see DEFAULT_CUDA_SPIN_US and DEFAULT_CUDA_YIELD_US
             if spin_us is None:
                 self._spin_ns = int(DEFAULT_CUDA_SPIN_US * 1e3)
@@ -189,11 +127,11 @@ class HotTier:
         self.max_upsert_rows = int(h.max_upsert_rows)
         self.max_search_queries = int(h.max_search_queries)
         self._payload_bytes = int(h.slot_payload_bytes)
-        self._ns_table = np.frombuffer(self._mm, dtype=_NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
+        self._ns_table = np.frombuffer(self._mm, dtype=NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
         self._ns_mask = int(h.ns_entries) - 1
         # The same table as 64-bit words (hash, hot rows, total rows, reserved per entry): indexing a memoryview
         # gives Python ints at once, where a structured array's entry costs a numpy scalar per field.
-        ns_start, ns_end = int(h.ns_offset), int(h.ns_offset) + _NS_DTYPE.itemsize * int(h.ns_entries)
+        ns_start, ns_end = int(h.ns_offset), int(h.ns_offset) + NS_DTYPE.itemsize * int(h.ns_entries)
         self._ns_words = memoryview(self._mm)[ns_start:ns_end].cast("Q")
         fast = fast_search_module()
         self._fast = None if fast is None else fast.FastClient(self._base, self._pid, self._timeout_ns, self._spin_ns,
@@ -328,7 +266,7 @@ class HotTier:
         ns = 0
         if namespace_hash is not None:
             flags |= L.FLAG_NS_FILTER
-            ns = int(namespace_hash) & _MASK64
+            ns = int(namespace_hash) & MASK64
         if self._mm is None:
             raise SidecarUnavailable("this HotTier is closed: attach again")
         if nq == 1:
@@ -382,9 +320,9 @@ class HotTier:
         if n > self.capacity:
             raise HotTierFull(f"{n} rows exceed the hot tier's capacity of {self.capacity}")
         if np.isscalar(namespace_hashes):
-            ns = np.full(n, int(namespace_hashes) & _MASK64, dtype=np.uint64)
+            ns = np.full(n, int(namespace_hashes) & MASK64, dtype=np.uint64)
         else:
-            ns = np.asarray([int(x) & _MASK64 for x in namespace_hashes], dtype=np.uint64)
+            ns = np.asarray([int(x) & MASK64 for x in namespace_hashes], dtype=np.uint64)
             if ns.shape != (n,):
                 raise InvalidInput(f"namespace_hashes must hold {n} values, got {ns.shape[0]}")
         if created_at_us is None:
@@ -443,7 +381,7 @@ class HotTier:
             chunk = items[start:start + step]
             m = len(chunk)
             payload = np.empty(2 * m, dtype=np.uint64)
-            payload[:m] = [h & _MASK64 for h, _ in chunk]
+            payload[:m] = [h & MASK64 for h, _ in chunk]
             payload[m:] = [max(0, int(t)) for _, t in chunk]
             self._call(L.OP_SET_TOTALS, count=m, payload=payload)
 
@@ -451,7 +389,7 @@ class HotTier:
         """Ids of every hot row (of one namespace, by hash, when given), in row order. Exact only while no other
         client writes to the hot tier meanwhile (rows move when others are deleted): callers hold the store's
         write lock."""
-        flags, ns = (0, 0) if namespace_hash is None else (L.FLAG_NS_FILTER, int(namespace_hash) & _MASK64)
+        flags, ns = (0, 0) if namespace_hash is None else (L.FLAG_NS_FILTER, int(namespace_hash) & MASK64)
         step = (self._payload_bytes - L.LIST_IDS_OFFSET) // 8
         out = np.empty(L.LIST_IDS_OFFSET + 8 * step, dtype=np.uint8)
         parts: list[np.ndarray] = []
@@ -468,114 +406,6 @@ class HotTier:
     def clear(self) -> int:
         """Removes every hot row (the namespace totals stay); returns how many it removed."""
         return int(self._call(L.OP_CLEAR).reply_count)
-
-    # ---- state read straight from the segment ----
-
-    def namespace_rows(self, namespace_hash: int) -> tuple[int, int]:
-        """(hot rows, total rows as last set) of one namespace; (0, 0) when unknown."""
-        h = (int(namespace_hash) & _MASK64) or 1
-        mask = self._ns_mask
-        i = _mix64(h) & mask
-        words = self._ns_words
-        for _ in range(mask + 1):
-            cur = words[4 * i]
-            if cur == h:
-                return words[4 * i + 1], words[4 * i + 2]
-            if cur == 0:
-                return 0, 0
-            i = (i + 1) & mask
-        return 0, 0
-
-    def namespace_table(self) -> dict[int, tuple[int, int]]:
-        """{namespace hash: (hot rows, total rows)} of every namespace the sidecar has an entry for."""
-        used = self._ns_table[self._ns_table["ns_hash"] != 0]
-        return {int(e["ns_hash"]): (int(e["hot_rows"]), int(e["total_rows"])) for e in used}
-
-    @property
-    def hot_rows(self) -> int:
-        """Rows in the hot tier now, read straight from the segment header."""
-        return int(self._header.hot_rows)
-
-    def note_work(self) -> None:
-        """Counts one operation of this process on its store in the segment (its client entry's activity), whether
-        or not it sends the sidecar a request: the sidecar's sweep counts the processes at work from it
-        (busy_clients), which crowded and no_spare_core read. A plain store to shared memory, no call."""
-        words = self._entry_words
-        if words is not None:
-            try:
-                words[1] = (words[1] + 1) & 0xFFFFFFFF
-            except ValueError:  # another thread closed this client meanwhile: nothing left to count
-                pass
-
-    @property
-    def no_spare_core(self) -> bool:
-        """At least as many client processes were at work in the sidecar's last sweep (100 ms) as the machine has
-        cores: a scan the sidecar runs on the CPU then takes a core from one of them, and its caller waits for a core
-        to run again. Advisory: it may change which exact path a store takes, never what it answers."""
-        h = self._header
-        return int(h.busy_clients) >= int(h.cores) > 0
-
-    @property
-    def crowded(self) -> bool:
-        """More client processes were at work in the sidecar's last sweep (100 ms) than the machine has cores, as
-        the sidecar published them: a process that blocks (a sleep, a lock, a reply) then waits for a core to run
-        again, so waiting in short naps costs far more than the nap. Advisory: it changes how long callers wait,
-        never what they get."""
-        h = self._header
-        return int(h.busy_clients) > int(h.cores)
-
-    @property
-    def owner_pid(self) -> int:
-        """The sidecar's pid, read from the segment header."""
-        return int(self._header.owner_pid)
-
-    @property
-    def instance(self) -> tuple[int, int]:
-        """(owner pid, start time in ns): tells one run of a sidecar from a later one on the same segment name."""
-        h = self._header
-        return int(h.owner_pid), int(h.started_ns)
-
-    @property
-    def search_path(self) -> str:
-        """How search() reaches the sidecar: "compiled" (the _trfast extension) or "ctypes" (a build without
-        Python headers; 1.5-3 us slower a search). Benchmarks print it beside their figures."""
-        return "compiled" if self._fast is not None else "ctypes"
-
-    def alive(self) -> bool:
-        """The sidecar says it serves and its process exists (a syscall and a /proc read)."""
-        from .proc import pid_alive
-
-        return self.serving() and pid_alive(self.owner_pid)
-
-    def serving(self) -> bool:
-        """The segment's state word says READY: one memory read, cheap enough for every request. A
-        sidecar killed outright still reads READY; its next request then fails with SidecarUnavailable."""
-        return self._mm is not None and self._header.state == L.SERVER_READY
-
-    def stats(self) -> dict:
-        """The sidecar's geometry and counters, with search latency percentiles from its histogram (µs, bucket
-        midpoints)."""
-        h = self._header
-        hist = np.array(h.latency_hist[:], dtype=np.int64)
-
-        def percentile(p: float) -> float | None:
-            total = int(hist.sum())
-            if total == 0:
-                return None
-            rank = p * total
-            bucket = int(np.searchsorted(np.cumsum(hist), rank))
-            return float(1.5 * (1 << bucket)) / 1e3  # bucket midpoint, microseconds
-
-        return {
-            "name": self.name, "backend": self.backend, "dtype": self.dtype, "dim": self.dim,
-            "capacity": self.capacity, "hot_rows": int(h.hot_rows), "requests": int(h.requests),
-            "searches": int(h.searches), "queries": int(h.queries), "upserted_rows": int(h.upserted_rows),
-            "deleted_rows": int(h.deleted_rows), "evicted_rows": int(h.evicted_rows), "errors": int(h.errors),
-            "reclaimed_slots": int(h.reclaimed_slots), "namespaces": int(h.namespaces),
-            "search_p50_us": percentile(0.5), "search_p99_us": percentile(0.99),
-            "search_mean_us": (int(h.search_ns_total) / int(h.searches) / 1e3) if h.searches else None,
-            "owner_pid": int(h.owner_pid), "slots": int(h.slot_count),
-        }
 
     def close(self) -> None:
         """Detaches. Calls that other threads have inside the segment finish first (each within its timeout); calls

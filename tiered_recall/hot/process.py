@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InvalidInput, SidecarUnavailable
 from . import layout as L
-from .client import segment_path, validate_name
+from .segment import segment_path, validate_name
 from .native import sidecar_executable
 from .proc import pid_alive
 
