@@ -16,7 +16,9 @@ another process (a crowded machine, or a lock held by another). Draws throughput
 Each row also gives, per operation, the share of its time spent waiting for a core (`runq_share`: runnable but not
 running, from Linux's /proc/thread-self/schedstat) and the p99 of the time it spent otherwise (`add_own_p99_ms`,
 ...: running, or blocked on the disk, a lock or the sidecar): with more workers than cores most of an operation's
-time can be the wait for a core, which no change to the store takes away.
+time can be the wait for a core, which no change to the store takes away. `add_cores_given_mean` and `_p99`, ...
+count the times an operation was given a core again before it returned (0: it ran through): each one followed a
+block or a preemption, and may have followed a wait for a core.
 
 Each row also gives the workers' CPU time per operation (every thread of every worker, over its run): what an
 operation costs the machine, which a busy neighbour on a shared host inflates less than the throughput. With
@@ -31,6 +33,16 @@ store does; otherwise the control would carry N times the commits. Compare --sto
 one sitting (device none for both, so neither has a sidecar).
 
     python benchmarks/many_processes.py --processes 2 8 --mix 95/5 --seconds 8 --rounds 3 --device none --stores private
+
+--stores none is the floor: no store at all. Every worker spends --floor-cpu-ms of CPU time on each operation (about
+what a store operation costs the machine: compare the store rows' worker_cpu_ms_per_op), and each of its writes is
+also a bare durable append, the size of one logged 256-d add, to one file the workers share (O_APPEND, then
+fdatasync, which the kernel merges across processes). Its add p99 is what the machine gives any store that makes an
+add durable before it returns, with that many workers on its cores. Give several --stores to run them alternated in
+one sitting; the median lines then also compare each store row with the floor's (`aggregate_share_of_floor`,
+`add_p99_over_floor`).
+
+    python benchmarks/many_processes.py --processes 2 8 --mix 95/5 --seconds 8 --rounds 3 --stores shared none
 """
 from __future__ import annotations
 
@@ -58,14 +70,21 @@ SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
 def runqueue_clock():
-    """A function giving the calling thread's total run-queue wait in seconds (one pread of schedstat, ~1 us), or
-    None where the kernel has no schedstat."""
+    """A function giving the calling thread's total run-queue wait in seconds and how many times it was given a
+    core (one pread of schedstat, ~1 us), or None where the kernel has no schedstat. An operation given a core more
+    than once blocked (on the disk, a lock, the sidecar) or was preempted in between, and each time it became
+    runnable again it may have waited for a core."""
     try:
         fd = os.open(SCHEDSTAT, os.O_RDONLY)
         os.pread(fd, 128, 0)
     except OSError:
         return None
-    return lambda: int(os.pread(fd, 128, 0).split()[1]) / 1e9
+
+    def read() -> tuple[float, int]:
+        fields = os.pread(fd, 128, 0).split()
+        return int(fields[1]) / 1e9, int(fields[2])
+
+    return read
 
 
 def unit(rng, n):
@@ -100,6 +119,59 @@ def log_flushes_stretched(factor: float):
         cold_store.ColdStore.__init__ = init
 
 
+# One logged add of a 256-d vector and its columns is about this many bytes in the log (the floor appends as much).
+FLOOR_RECORD_BYTES = DIM * 4 + 256
+
+
+def burn(seconds: float) -> None:
+    """Spends `seconds` of this thread's CPU time (not wall time: a worker that loses its core still does all of
+    its work, as a store operation would)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def record(times: dict, waits: dict, switches: dict, kind: str, t0: float, before: tuple[float, int],
+           after: tuple[float, int]) -> None:
+    """Notes one operation of `kind`: its wall time since t0, its wait for a core and the times it was given one
+    (schedstat read before and after it)."""
+    times[kind].append(time.perf_counter() - t0)
+    waits[kind].append(after[0] - before[0])
+    switches[kind].append(after[1] - before[1])
+
+
+def floor_worker(path: str, seconds: float, search_share: float, delete_share: float, cpu_s: float, seed: int,
+                 ready, out) -> None:
+    """The --stores none floor: the mix's operations, each `cpu_s` of CPU time, its writes also a durable append to
+    the shared file at `path`; puts its times on `out` as measure does."""
+    rng = np.random.default_rng(seed)
+    times: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
+    waits: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
+    switches: dict[str, list[int]] = {"search": [], "add": [], "delete": []}
+    clock = runqueue_clock()
+    runq = clock or (lambda: (0.0, 0))
+    payload = rng.bytes(FLOOR_RECORD_BYTES)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        ready.wait()
+        deadline = time.monotonic() + seconds
+        cpu0 = time.process_time()
+        while time.monotonic() < deadline:
+            draw = rng.random()
+            kind = "search" if draw < search_share else "delete" if draw < search_share + delete_share else "add"
+            q0, t0 = runq(), time.perf_counter()
+            burn(cpu_s)
+            if kind != "search":
+                os.write(fd, payload)
+                os.fdatasync(fd)
+            record(times, waits, switches, kind, t0, q0, runq())
+        cpu_s_used = time.process_time() - cpu0
+    finally:
+        os.close(fd)
+    out.put({"times": times, "waits": waits if clock else None, "switches": switches if clock else None,
+             "hot_hit_rate": None, "repairs": 0, "left": 0, "cpu_s": cpu_s_used})
+
+
 def open_store(path, device: str, embedder: str, **options) -> TieredMemory:
     if embedder == "none":
         return TieredMemory(path, dim=DIM, embedder=None, device=device, **options)
@@ -120,8 +192,9 @@ def measure(path: str, device: str, embedder: str, seconds: float, search_share:
     rng = np.random.default_rng(seed)
     times: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
     waits: dict[str, list[float]] = {"search": [], "add": [], "delete": []}  # of each operation, waiting for a core
+    switches: dict[str, list[int]] = {"search": [], "add": [], "delete": []}  # times each was given a core
     clock = runqueue_clock()
-    runq = clock or (lambda: 0.0)
+    runq = clock or (lambda: (0.0, 0))
     mine: list[int] = []
     texts = embedder != "none"
     with open_store(path, device, embedder) as memory:
@@ -148,26 +221,32 @@ def measure(path: str, device: str, embedder: str, seconds: float, search_share:
                 q0, t0 = runq(), time.perf_counter()
                 mine += memory.add([text], vectors=vectors, namespace=ns)
                 kind = "add"
-            times[kind].append(time.perf_counter() - t0)
-            waits[kind].append(runq() - q0)
+            record(times, waits, switches, kind, t0, q0, runq())
         cpu_s = time.process_time() - cpu0
         stats = memory.stats()
-    out.put({"times": times, "waits": waits if clock else None, "hot_hit_rate": stats.get("hot_hit_rate"),
+    out.put({"times": times, "waits": waits if clock else None, "switches": switches if clock else None,
+             "hot_hit_rate": stats.get("hot_hit_rate"),
              "repairs": stats["rows_moved"]["repairs"],
              "left": (stats.get("hot_writes") or {}).get("left_to_others", 0), "cpu_s": cpu_s})
 
 
 def run(paths: list[Path], device: str, embedder: str, processes: int, seconds: float, search_share: float,
-        delete_share: float) -> dict:
-    """One row: `processes` workers over the stores at `paths` (one shared store, or one store per worker)."""
+        delete_share: float, floor_cpu_s: float | None = None) -> dict:
+    """One row: `processes` workers over the stores at `paths` (one shared store, or one store per worker), or with
+    `floor_cpu_s` the floor's workers over the one file at paths[0]."""
     context = mp.get_context("spawn")
     out = context.Queue()
     ready = context.Barrier(processes, timeout=600)
     private = len(paths) > 1
-    workers = [context.Process(target=worker, args=(str(paths[i if private else 0]), device, embedder, seconds,
-                                                    search_share, delete_share, 1000 + i, ready, out,
-                                                    float(processes) if private else 1.0))
-               for i in range(processes)]
+    if floor_cpu_s is not None:
+        workers = [context.Process(target=floor_worker, args=(str(paths[0]), seconds, search_share, delete_share,
+                                                              floor_cpu_s, 1000 + i, ready, out))
+                   for i in range(processes)]
+    else:
+        workers = [context.Process(target=worker, args=(str(paths[i if private else 0]), device, embedder, seconds,
+                                                        search_share, delete_share, 1000 + i, ready, out,
+                                                        float(processes) if private else 1.0))
+                   for i in range(processes)]
     for w in workers:
         w.start()
     reports = [out.get(timeout=seconds + 300) for _ in workers]
@@ -194,6 +273,9 @@ def run(paths: list[Path], device: str, embedder: str, processes: int, seconds: 
             if measured_waits:
                 own = [t - w for r in reports for t, w in zip(r["times"][kind], r["waits"][kind])]
                 row[f"{kind}_own_p99_ms"] = round(percentile(own, 0.99) * 1e3, 3)
+                given = [n for r in reports for n in r["switches"][kind]]
+                row[f"{kind}_cores_given_mean"] = round(statistics.mean(given), 2)
+                row[f"{kind}_cores_given_p99"] = percentile(given, 0.99)
     return row
 
 
@@ -206,14 +288,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarise(rows: list[dict], counts: list[int]) -> list[dict]:
-    """Per mix and process count over the rounds: the median of each figure, the aggregate's spread, and its
-    median as a share of the smallest process count's median (the rounds alternate, so both saw the same drift)."""
+    """Per store kind, mix and process count over the rounds: the median of each figure, the aggregate's spread,
+    and its median as a share of the smallest process count's median (the rounds alternate, so both saw the same
+    drift); a store row with a floor row beside it also gets its aggregate as a share of the floor's and its add
+    p99 as a multiple of the floor's."""
     out = []
-    for mix in dict.fromkeys(r["mix"] for r in rows):
-        medians = {}
+    for stores, mix in dict.fromkeys((r["stores"], r["mix"]) for r in rows):
+        lines = []
         for processes in counts:
-            mine = [r for r in rows if r["mix"] == mix and r["processes"] == processes]
-            line = {"summary": "median", "mix": mix, "processes": processes, "rounds": len(mine)}
+            mine = [r for r in rows if (r["stores"], r["mix"], r["processes"]) == (stores, mix, processes)]
+            line = {"summary": "median", "stores": stores, "mix": mix, "processes": processes, "rounds": len(mine)}
             for key in mine[0]:
                 if key in ("processes", "round"):
                     continue
@@ -221,13 +305,46 @@ def summarise(rows: list[dict], counts: list[int]) -> list[dict]:
                 if values:
                     line[key] = round(statistics.median(values), 4)
             line["aggregate_ops_per_s_all"] = [r["aggregate_ops_per_s"] for r in mine]
-            medians[processes] = line["aggregate_ops_per_s"]
-            out.append(line)
-        base = medians[min(counts)]
-        for line in out:
-            if line["mix"] == mix and base:
+            lines.append(line)
+        base = next(line["aggregate_ops_per_s"] for line in lines if line["processes"] == min(counts))
+        for line in lines:
+            if base:
                 line[f"share_of_{min(counts)}_processes"] = round(line["aggregate_ops_per_s"] / base, 3)
+        out += lines
+    floors = {(line["mix"], line["processes"]): line for line in out if line["stores"] == "none"}
+    for line in out:
+        floor = floors.get((line["mix"], line["processes"]))
+        if line["stores"] == "none" or floor is None:
+            continue
+        if floor.get("aggregate_ops_per_s"):
+            line["aggregate_share_of_floor"] = round(line["aggregate_ops_per_s"] / floor["aggregate_ops_per_s"], 3)
+        if floor.get("add_p99_ms") and line.get("add_p99_ms"):
+            line["add_p99_over_floor"] = round(line["add_p99_ms"] / floor["add_p99_ms"], 2)
     return out
+
+
+def run_row(tmp: Path, seeded: Path, args, stores: str, mix: str, processes: int, search_share: float,
+            delete_share: float) -> dict:
+    """One row of the sitting: fresh copies of the seeded store (or, for the floor, a fresh shared file)."""
+    run_dir = tmp / f"run-{stores}-{mix.replace('/', '-')}-{processes}"
+    run_dir.mkdir()
+    try:
+        if stores == "none":
+            row = run([run_dir / "floor.log"], "none", args.embedder, processes, args.seconds, search_share,
+                      delete_share, floor_cpu_s=args.floor_cpu_ms / 1e3)
+            row["floor_cpu_ms"] = args.floor_cpu_ms
+            return row
+        paths = [run_dir / f"store-{i}" for i in range(processes if stores == "private" else 1)]
+        with contextlib.ExitStack() as sidecars:
+            if len(paths) > 1:  # the parent's handles flush too: at the control's cadence
+                sidecars.enter_context(log_flushes_stretched(float(processes)))
+            for path in paths:
+                shutil.copytree(seeded, path, ignore=shutil.ignore_patterns("*.lock", "metrics"))
+                # opened here first, so that its sidecar is up before the workers start
+                sidecars.enter_context(open_store(path, args.device, args.embedder, hot_capacity=args.rows * 4))
+            return run(paths, args.device, args.embedder, processes, args.seconds, search_share, delete_share)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def main() -> None:
@@ -245,12 +362,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every row this many times, alternating, and add a median line per row (the "
                              "machine's speed drifts between runs; compare rows by their medians)")
-    parser.add_argument("--stores", default="shared", choices=["shared", "private"],
+    parser.add_argument("--stores", nargs="+", default=["shared"], choices=["shared", "private", "none"],
                         help="shared: every worker opens the one store; private: the control, a store of its own "
-                             "per worker (nothing shared; see above)")
+                             "per worker (nothing shared); none: the floor, no store (see above). Several are run "
+                             "alternated")
+    parser.add_argument("--floor-cpu-ms", type=float, default=0.25,
+                        help="CPU time of each of the floor's operations, in ms (--stores none)")
     parser.add_argument("--json", help="also write every row (and the medians) here")
     parser.add_argument("--png", help="draw throughput against processes here (matplotlib: the bench extra)")
     args = parser.parse_args()
+    if args.floor_cpu_ms < 0:
+        parser.error("--floor-cpu-ms must be 0 or more")
     if args.png:
         try:
             import matplotlib  # noqa: F401  (checked before the run, not after it)
@@ -273,23 +395,14 @@ def main() -> None:
                 search_pct = float(mix.split("/")[0]) / 100
                 writes = 1 - search_pct
                 for processes in args.processes:
-                    run_dir = Path(tmp) / f"run-{mix.replace('/', '-')}-{processes}"
-                    paths = [run_dir / f"store-{i}" for i in range(processes if args.stores == "private" else 1)]
-                    with contextlib.ExitStack() as sidecars:
-                        if len(paths) > 1:  # the parent's handles flush too: at the control's cadence
-                            sidecars.enter_context(log_flushes_stretched(float(processes)))
-                        for path in paths:
-                            shutil.copytree(seeded, path, ignore=shutil.ignore_patterns("*.lock", "metrics"))
-                            # opened here first, so that its sidecar is up before the workers start
-                            sidecars.enter_context(open_store(path, args.device, args.embedder,
-                                                              hot_capacity=args.rows * 4))
-                        row = run(paths, args.device, args.embedder, processes, args.seconds, search_pct,
-                                  writes * args.deletes)
-                    shutil.rmtree(run_dir, ignore_errors=True)
-                    row.update(mix=mix, embedder=args.embedder, device=args.device, stores=args.stores,
-                               round=round_)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    for stores in args.stores:
+                        row = run_row(Path(tmp), seeded, args, stores, mix, processes, search_pct,
+                                      writes * args.deletes)
+                        row.update(mix=mix, embedder=args.embedder,
+                                   device=args.device if stores != "none" else "none", stores=stores,
+                                   round=round_)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
     summary = summarise(rows, args.processes) if args.rounds > 1 else []
     for line in summary:
         print(json.dumps(line), flush=True)
@@ -303,13 +416,16 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for mix in args.mix:
-            mine = [r for r in rows if r["mix"] == mix]
-            ax.plot([r["processes"] for r in mine], [r["aggregate_ops_per_s"] for r in mine], marker="o",
-                    label=f"search/write {mix} ({args.embedder if args.embedder != 'none' else 'raw vectors'})")
+        kinds = {"shared": "one store", "private": "a store per process", "none": "no store (the floor)"}
+        for stores in args.stores:
+            for mix in args.mix:
+                mine = [r for r in rows if r["mix"] == mix and r["stores"] == stores]
+                what = args.embedder if args.embedder != "none" else "raw vectors"
+                ax.plot([r["processes"] for r in mine], [r["aggregate_ops_per_s"] for r in mine], marker="o",
+                        label=f"{kinds[stores]}, search/write {mix} ({what})")
         ax.set_xlabel("processes")
         ax.set_ylabel("aggregate operations / s (busy time)")
-        ax.set_title(f"{'one store' if args.stores == 'shared' else 'a store per process'}, {args.device} hot tier")
+        ax.set_title(f"{args.device} hot tier")
         ax.set_xscale("log", base=2)
         ax.set_xticks(args.processes, [str(p) for p in args.processes])
         ax.legend()
