@@ -3,7 +3,9 @@
 # folder as gpu_soak.sh does (its header says how to prepare results/carry), builds the sidecar with CUDA, runs the
 # hot-tier GPU tests (the sidecar's loop changed with the idle-spin rule), then the benchmark with the CUDA sidecar
 # and, in the same call, with the CPU sidecar for the ratio. Raw vectors only: the default embedder's weights are
-# not carried. Figures go to $OUT (JSON and PNG per device).
+# not carried. Then the store with the CUDA sidecar beside the floor (--stores shared none: no store, each operation
+# the CPU time of a store operation, each write a bare durable append), alternated in one sitting. Figures go to
+# $OUT (JSON and PNG per device, and the floor's JSON).
 #   run(command="bash benchmarks/gpu_many_processes.sh", carry=["results/carry"])
 set -uo pipefail
 OUT="${OUT:-$PWD/results/gpu}"; mkdir -p "$OUT"
@@ -29,4 +31,8 @@ for device in cuda cpu; do
       | grep -v Warning
   clean
 done
+echo "=== many_processes.py --device cuda --stores shared none ($SECONDS s)"
+timeout 150 python3 benchmarks/many_processes.py --device cuda --processes 2 8 16 --mix 95/5 --seconds "$SECS" \
+    --stores shared none --json "$OUT/many_processes_floor.json" 2>&1 | grep -v Warning
+clean
 echo "=== done ($SECONDS s)"
