@@ -102,10 +102,11 @@ class Writer:
         return rows is not None and rows <= _WAL_MAX_ROWS
 
     # ---- adds ----------------------------------------------------------------------------------
-    def add(self, rows: Rows) -> Bump | None:
-        """Upsert checked rows; durable when this returns."""
+    def add(self, rows: Rows, *, new_ids: bool = False) -> Bump | None:
+        """Upsert checked rows; durable when this returns. new_ids: the caller drew the ids at random for this add
+        (see ColdStore.add)."""
         if self.logs(rows=int(rows.ids.shape[0])):
-            return self._add_logged(rows)
+            return self._add_logged(rows, new_ids=new_ids)
         batch = build_batch(self._tables.schema, ids=rows.ids, vectors=rows.vectors, namespaces=rows.namespaces,
                             texts=rows.texts, sessions=rows.sessions, roles=rows.roles,
                             created_at_us=rows.created_at_us, metadata_json=rows.metadata_json)
@@ -116,7 +117,8 @@ class Writer:
         """Counts a write of rows `ids` (into `namespaces`; None for a delete) in the write generations before it is
         acknowledged. It touches the namespaces it writes into and those the ids are in now, which only the mirror
         knows cheaply: without one the write counts as unplaced. Called under the lock that orders this write after
-        every earlier one (the log's append lock, or a direct write's), with the mirror in step with them."""
+        every earlier one (the log's append lock, or a direct write's), with the mirror in step with them, or, for
+        ids no earlier write holds, with the mirror as it is (see _add_logged)."""
         gens = self._generations
         if gens is None:
             return None
@@ -133,13 +135,19 @@ class Writer:
             self._life.ensure_open()
             self._follower.follow_log_locked()
 
-    def _add_logged(self, rows: Rows) -> Bump | None:
+    def _add_logged(self, rows: Rows, *, new_ids: bool = False) -> Bump | None:
         self._follow_before_lock()
         with self.wal.locked():
             self._life.ensure_open()
             with self._lock:
-                # Every earlier logged write into the mirror first: the ids' namespaces are then known.
-                self._follower.follow_log_locked()
+                # The bump needs the namespaces the ids are in now: every earlier logged write into the mirror first.
+                # Ids drawn at random for this add are in none (unless the mirror already knows one: then the full
+                # way), so what others logged since the follow above need not be applied under the lock: the
+                # section would otherwise grow with the queue for it, each writer applying what the others logged
+                # while it waited. This add's own record then reaches the mirror with theirs, after the lock.
+                mirror = self._follower.mirror
+                if not new_ids or mirror is None or mirror.positions(rows.ids).size:
+                    self._follower.follow_log_locked()
                 bump = self._bump_locked(rows.ids, rows.namespaces)
             logged = replace(rows, bump=bump)  # the bump travels with the rows (see _wal.py)
             record = encode_rows(logged)

@@ -227,12 +227,16 @@ class ColdStore:
             yield
 
     # ---- writes --------------------------------------------------------------------------------
-    def add(self, *, ids, vectors, namespaces, texts, sessions, roles, created_at_us, metadata) -> Bump | None:
+    def add(self, *, ids, vectors, namespaces, texts, sessions, roles, created_at_us, metadata,
+            new_ids: bool = False) -> Bump | None:
         """Upsert rows by id; durable when this returns (in the write-ahead log or committed to LanceDB); the whole
         batch or nothing. Returns what the write did to the write generations (bumped before it was durable).
 
         ids: (n,) int64; vectors: (n, dim) float32 unit-norm; namespaces/texts: n str; sessions/roles: n str|None;
         created_at_us: (n,) int64 microseconds since the epoch (UTC); metadata: n dict|None (JSON-serialisable).
+        new_ids: True when the caller drew the ids at random for this add (TieredMemory does, 62 bits), so that no
+        other process's write holds them: a logged add then takes the log's lock for less time (docs/cold-tier.md).
+        An id this process's mirror already holds is still handled as an upsert.
         """
         self._life.ensure_open()
         self._check_writable()
@@ -246,7 +250,10 @@ class ColdStore:
         roles = check.check_strings(roles, n, "roles", nullable=True)
         created = check.check_timestamps(created_at_us, n)
         metadata_json = check.check_metadata(metadata, n)
-        return self._writer.add(Rows(ids, vectors, created, namespaces, sessions, roles, texts, metadata_json))
+        if not isinstance(new_ids, bool):
+            raise InvalidInput(f"new_ids must be True or False, got {new_ids!r}")
+        return self._writer.add(Rows(ids, vectors, created, namespaces, sessions, roles, texts, metadata_json),
+                                new_ids=new_ids)
 
     def flush(self) -> int:
         """Move every logged row (of any process) into LanceDB now; returns how many. Background flushes and close()

@@ -249,7 +249,8 @@ class TieredMemory:
         direct = not self.cold.writes_logged(rows=n)
         with self._lock, (self._write_lock.held() if direct else contextlib.nullcontext()):
             bump = self.cold.add(ids=id_arr, vectors=vecs, namespaces=[namespace] * n, texts=text_list,
-                                 sessions=sessions, roles=roles, created_at_us=created, metadata=metas)
+                                 sessions=sessions, roles=roles, created_at_us=created, metadata=metas,
+                                 new_ids=ids is None)
             self._placement.tick += 1
             for i in range(n):
                 self._cache.remember(make_memory(int(id_arr[i]), text_list[i], namespace, sessions[i], roles[i],
