@@ -2,9 +2,9 @@
 
 A seeded driver keeps a model of every memory (id -> namespace, vector, role, text) and sends one operation at a
 time to one of a few worker processes, each with its own TieredMemory on the same store and its own device
-(none, cpu, cuda), a small hot capacity (so rows are evicted and promoted) and its own policy: adds, upserts of
-existing ids (new vector, sometimes another namespace), deletes, reopening the store, SIGKILL of the store's
-sidecar, and searches with and without namespace, where and hybrid. Every search that did not opt into the
+(none, cpu, cuda), a small hot capacity (so rows are evicted and promoted) and its own policy: adds (half of them
+with ids the store draws), upserts of existing ids (new vector, sometimes another namespace), deletes, reopening
+the store, SIGKILL of the store's sidecar, and searches with and without namespace, where and hybrid. Every search that did not opt into the
 approximate confidence rule is compared with exact search over the model (hybrid ones: with the cold tier's own
 fused ranking, read by the driver's read-only store); a mismatch stops the run with the seed and the operation log.
 
@@ -274,15 +274,17 @@ def run(path: Path, *, seed: int, ops: int, workers: int = 3, devices: tuple[str
             if op == "add":
                 n = int(rng.integers(1, 4))
                 ns = str(rng.choice(NAMESPACES))
-                ids = list(range(next_id, next_id + n))
+                # Half the adds let the store draw the ids (its own path: ids no other write holds).
+                ids = None if rng.random() < 0.5 else list(range(next_id, next_id + n))
                 next_id += n
                 vecs = [_unit(rng) for _ in range(n)]
                 roles = [str(rng.choice(ROLES)) for _ in range(n)]
                 texts = [_text(rng) for _ in range(n)]
                 entry.update(namespace=ns, ids=ids)
                 log.append(entry)
-                w.call({"op": "add", "ids": ids, "namespace": ns, "vectors": [v.tolist() for v in vecs],
-                        "roles": roles, "texts": texts})
+                ids = w.call({"op": "add", "ids": ids, "namespace": ns, "vectors": [v.tolist() for v in vecs],
+                              "roles": roles, "texts": texts})
+                entry["ids"] = ids
                 for i, v, r, t in zip(ids, vecs, roles, texts):
                     model[i] = Row(ns, v, r, t)
             elif op == "upsert":
