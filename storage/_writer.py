@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 # Adds of more rows than this bypass the log (after flushing it): one LanceDB commit is cheap per row for a batch.
 _WAL_MAX_ROWS = 1024
+# A logged add of new ids applies what other writers logged under the append lock only up to this much (a few
+# records): past it, the section would grow with the queue for the lock (_add_logged).
+FOLLOW_UNDER_LOCK_MAX_BYTES = 8 * 1024
 _MAX_FLUSH_BACKOFF_S = 30.0
 _ROW_COLUMNS = ("namespaces", "sessions", "roles", "texts", "metadata_json")
 
@@ -142,11 +145,14 @@ class Writer:
             with self._lock:
                 # The bump needs the namespaces the ids are in now: every earlier logged write into the mirror first.
                 # Ids drawn at random for this add are in none (unless the mirror already knows one: then the full
-                # way), so what others logged since the follow above need not be applied under the lock: the
-                # section would otherwise grow with the queue for it, each writer applying what the others logged
-                # while it waited. This add's own record then reaches the mirror with theirs, after the lock.
+                # way), so what others logged since the follow above need not be applied under the lock. It is
+                # when more than a few records wait: the section would otherwise grow with the queue for the lock,
+                # each writer applying what the others logged while it waited. This add's own record then reaches
+                # the mirror with theirs, after the lock.
                 mirror = self._follower.mirror
-                if not new_ids or mirror is None or mirror.positions(rows.ids).size:
+                behind = self._follower.log_bytes_behind_locked(self.wal.end_locked())
+                if (not new_ids or mirror is None or mirror.positions(rows.ids).size
+                        or (behind is not None and behind <= FOLLOW_UNDER_LOCK_MAX_BYTES)):
                     self._follower.follow_log_locked()
                 bump = self._bump_locked(rows.ids, rows.namespaces)
             logged = replace(rows, bump=bump)  # the bump travels with the rows (see _wal.py)
@@ -160,12 +166,16 @@ class Writer:
             with self._lock:  # no other record can come between: the mirror takes this one as it is
                 own_applied = self._follower.apply_own_record_locked(
                     _owned(logged), (end[0], end[1] - len(record)), end)
-        self._sync(fd, end, what)  # durable here: outside the lock, so writers share an fdatasync
+        try:
+            if not own_applied:
+                # Before the fdatasync, as the record applied under the lock would be: the add then returns as soon
+                # as it is durable, instead of following the log once it has a core again.
+                with self._lock:
+                    self._follower.follow_log_locked()  # applies this record (and any other process's before it)
+        finally:
+            self._sync(fd, end, what)  # durable here: outside the lock, so writers share an fdatasync
         if bump is not None:
             bump = replace(bump, record_end=end)
-        if not own_applied:
-            with self._lock:
-                self._follower.follow_log_locked()  # applies this record (and any other process's before it)
         if self.pending_ops >= self._flush_rows:
             self._wake.set()
         return bump

@@ -235,7 +235,8 @@ class ColdStore:
         ids: (n,) int64; vectors: (n, dim) float32 unit-norm; namespaces/texts: n str; sessions/roles: n str|None;
         created_at_us: (n,) int64 microseconds since the epoch (UTC); metadata: n dict|None (JSON-serialisable).
         new_ids: True when the caller drew the ids at random for this add (TieredMemory does, 62 bits), so that no
-        other process's write holds them: a logged add then takes the log's lock for less time (docs/cold-tier.md).
+        other process's write holds them: a logged add then need not apply a queue of other processes' records while
+        it holds the log's lock (docs/cold-tier.md).
         An id this process's mirror already holds is still handled as an upsert.
         """
         self._life.ensure_open()

@@ -463,10 +463,13 @@ def test_a_writer_syncs_while_another_holds_the_sync_lock(tmp_path, monkeypatch)
         check_store(store, {1, 2}, set())
 
 
-def test_an_add_of_new_ids_applies_no_other_writer_under_the_log_lock(tmp_path, monkeypatch):
-    """A logged add of ids drawn at random for it (new_ids) bumps only its own namespace and leaves what other
-    processes logged meanwhile to the follow after the log's lock; an id the mirror already holds still takes the
-    full way (an upsert that moves it touches its old namespace too). Every answer stays exact."""
+def test_an_add_of_new_ids_applies_no_queue_of_other_writers_under_the_log_lock(tmp_path, monkeypatch):
+    """A logged add of ids drawn at random for it (new_ids) bumps only its own namespace; when more than a few records
+    of other processes wait, it leaves them to the follow after the log's lock instead of applying them under it. An
+    id the mirror already holds still takes the full way (an upsert that moves it touches its old namespace too).
+    Every answer stays exact."""
+    from tiered_recall.errors import InvalidInput
+    from tiered_recall.storage._writer import FOLLOW_UNDER_LOCK_MAX_BYTES
     path = tmp_path / "cold"
     with ColdStore(path, dim=DIM, wal_flush_s=3600, background=False) as a, \
             ColdStore(path, dim=DIM, wal_flush_s=3600, background=False) as b:
@@ -481,38 +484,44 @@ def test_an_add_of_new_ids_applies_no_other_writer_under_the_log_lock(tmp_path, 
 
         monkeypatch.setattr(b._follower, "follow_log_locked", watched_follow)
         # Another process logs between b's follow before the lock and the lock itself.
+        others = []
         before_lock = b._writer._follow_before_lock
 
         def then_another_writer():
             before_lock()
-            _add(a, [100])
+            if others:
+                _add(a, others.pop())
 
         monkeypatch.setattr(b._writer, "_follow_before_lock", then_another_writer)
 
         def add_b(ids, namespace, new_ids):
+            follows_under_lock.clear()
             ids = np.asarray(ids, np.int64)
             return b.add(ids=ids, vectors=np.concatenate([vec(int(i)) for i in ids]), namespaces=[namespace] * len(ids),
                          texts=["b"] * len(ids), sessions=[None] * len(ids), roles=[None] * len(ids),
                          created_at_us=ids.copy(), metadata=[None] * len(ids), new_ids=new_ids)
 
+        others.append([100])  # one record waits: cheap, applied under the lock
         bump = add_b([200], "x", new_ids=True)
-        assert True not in follows_under_lock  # a's record 100 was not applied under the lock
-        assert bump.namespaces == ("x",)
-        assert b.count() == 7 and b.get([100])[0] is not None and b.get([200])[0]["text"] == "b"
-        assert b.search(vec(200)[0], k=1)[0].tolist() == [200] and b.search(vec(100)[0], k=1)[0].tolist() == [100]
-
-        follows_under_lock.clear()
-        bump = add_b([201], "x", new_ids=False)  # ids the caller chose: every earlier write applied first
         assert True in follows_under_lock and bump.namespaces == ("x",)
 
-        follows_under_lock.clear()
+        queue = list(range(1000, 1000 + 200))
+        assert len(queue) * DIM * 4 > FOLLOW_UNDER_LOCK_MAX_BYTES
+        others.append(queue)  # a record larger than the limit waits: left to the follow after the lock
+        bump = add_b([201], "x", new_ids=True)
+        assert True not in follows_under_lock and bump.namespaces == ("x",)
+        assert b.count() == 5 + 1 + 200 + 2 and b.get([1100])[0] is not None and b.get([201])[0]["text"] == "b"
+        assert b.search(vec(201)[0], k=1)[0].tolist() == [201] and b.search(vec(1100)[0], k=1)[0].tolist() == [1100]
+
+        others.append(list(range(2000, 2200)))
+        bump = add_b([202], "x", new_ids=False)  # ids the caller chose: every earlier write applied first
+        assert True in follows_under_lock and bump.namespaces == ("x",)
+
         bump = add_b([3], "x", new_ids=True)  # the mirror holds 3 (in "w"): an upsert, the full way
         assert True in follows_under_lock and bump.namespaces == ("w", "x")
-        assert b.get([3])[0]["namespace"] == "x" and a.get([3])[0]["namespace"] == "x"
-        assert a.count() == b.count() == 8  # 0-4, 100 (logged three times), 200 and 201
+        assert a.count() == b.count() == 5 + 1 + 200 + 200 + 3
         for store in (a, b):
-            for i in (3, 100, 200, 201):
+            for i in (3, 100, 200, 201, 202, 1100, 2100):
                 assert store.search(vec(i)[0], k=1)[0].tolist() == [i]
-        from tiered_recall.errors import InvalidInput
         with pytest.raises(InvalidInput, match="new_ids"):
             add_b([300], "x", new_ids="yes")
