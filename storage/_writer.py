@@ -145,10 +145,10 @@ class Writer:
             with self._lock:
                 # The bump needs the namespaces the ids are in now: every earlier logged write into the mirror first.
                 # Ids drawn at random for this add are in none (unless the mirror already knows one: then the full
-                # way), so what others logged since the follow above need not be applied under the lock. It is
-                # when more than a few records wait: the section would otherwise grow with the queue for the lock,
-                # each writer applying what the others logged while it waited. This add's own record then reaches
-                # the mirror with theirs, after the lock.
+                # way), so for them what others logged since the follow above is applied here only while it is a
+                # few records. More is left to after the lock: applying it here would make the section grow with
+                # the queue for the lock, each writer applying what the others logged while it waited. This add's
+                # own record then reaches the mirror with theirs, after the lock.
                 mirror = self._follower.mirror
                 behind = self._follower.log_bytes_behind_locked(self.wal.end_locked())
                 if (not new_ids or mirror is None or mirror.positions(rows.ids).size
