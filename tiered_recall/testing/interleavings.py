@@ -4,9 +4,10 @@ A seeded driver keeps a model of every memory (id -> namespace, vector, role, te
 time to one of a few worker processes, each with its own TieredMemory on the same store and its own device
 (none, cpu, cuda), a small hot capacity (so rows are evicted and promoted) and its own policy: adds (half of them
 with ids the store draws), upserts of existing ids (new vector, sometimes another namespace), deletes, reopening
-the store, SIGKILL of the store's sidecar, and searches with and without namespace, where and hybrid. Every search that did not opt into the
-approximate confidence rule is compared with exact search over the model (hybrid ones: with the cold tier's own
-fused ranking, read by the driver's read-only store); a mismatch stops the run with the seed and the operation log.
+the store, SIGKILL of the store's sidecar, and searches with and without namespace, where and hybrid. Every search
+that did not opt into the approximate confidence rule is compared with exact search over the model (hybrid ones:
+with the cold tier's own fused ranking, read by the driver's read-only store); a mismatch stops the run with the
+seed and the operation log.
 
 tests/coordinator/test_interleavings.py runs it in CI; benchmarks/interleavings.py runs it long.
 """
