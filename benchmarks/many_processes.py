@@ -131,6 +131,11 @@ def burn(seconds: float) -> None:
         pass
 
 
+def new_timings() -> tuple[dict, dict, dict]:
+    """Per operation kind: wall times, waits for a core, and the times each operation was given a core."""
+    return tuple({"search": [], "add": [], "delete": []} for _ in range(3))
+
+
 def record(times: dict, waits: dict, switches: dict, kind: str, t0: float, before: tuple[float, int],
            after: tuple[float, int]) -> None:
     """Notes one operation of `kind`: its wall time since t0, its wait for a core and the times it was given one
@@ -145,9 +150,7 @@ def floor_worker(path: str, seconds: float, search_share: float, delete_share: f
     """The --stores none floor: the mix's operations, each `cpu_s` of CPU time, its writes also a durable append to
     the shared file at `path`; puts its times on `out` as measure does."""
     rng = np.random.default_rng(seed)
-    times: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
-    waits: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
-    switches: dict[str, list[int]] = {"search": [], "add": [], "delete": []}
+    times, waits, switches = new_timings()
     clock = runqueue_clock()
     runq = clock or (lambda: (0.0, 0))
     payload = rng.bytes(FLOOR_RECORD_BYTES)
@@ -190,9 +193,7 @@ def measure(path: str, device: str, embedder: str, seconds: float, search_share:
             seed: int, ready, out) -> None:
     """One worker's run of its mix (see worker)."""
     rng = np.random.default_rng(seed)
-    times: dict[str, list[float]] = {"search": [], "add": [], "delete": []}
-    waits: dict[str, list[float]] = {"search": [], "add": [], "delete": []}  # of each operation, waiting for a core
-    switches: dict[str, list[int]] = {"search": [], "add": [], "delete": []}  # times each was given a core
+    times, waits, switches = new_timings()
     clock = runqueue_clock()
     runq = clock or (lambda: (0.0, 0))
     mine: list[int] = []

@@ -134,9 +134,8 @@ class TableUpkeep:
 
     def __init__(self, *, tables: "LanceTables", wal: "WriteAheadLog | None", follower: "Follower",
                  index: "FaissIndex", lock: threading.RLock, unlogged_commits: threading.RLock, life: "Lifecycle",
-                 cleanup_grace_s: float,
-                 compact_every_writes: int, scalar_index_min_rows: int, ann_index_min_rows: int, index_mode: str,
-                 dim: int) -> None:
+                 cleanup_grace_s: float, compact_every_writes: int, scalar_index_min_rows: int,
+                 ann_index_min_rows: int, index_mode: str, dim: int) -> None:
         self._tables = tables
         self._wal = wal
         self._follower = follower

@@ -138,6 +138,12 @@ class Writer:
             self._life.ensure_open()
             self._follower.follow_log_locked()
 
+    def _queue_waits_locked(self) -> bool:
+        """Under the append lock: more than FOLLOW_UNDER_LOCK_MAX_BYTES of records wait for this process's follower,
+        or a rotation does (what a follow under the lock would then apply is more than a few records)."""
+        behind = self._follower.log_bytes_behind_locked(self.wal.end_locked())
+        return behind is None or behind > FOLLOW_UNDER_LOCK_MAX_BYTES
+
     def _add_logged(self, rows: Rows, *, new_ids: bool = False) -> Bump | None:
         self._follow_before_lock()
         with self.wal.locked():
@@ -150,9 +156,8 @@ class Writer:
                 # the queue for the lock, each writer applying what the others logged while it waited. This add's
                 # own record then reaches the mirror with theirs, after the lock.
                 mirror = self._follower.mirror
-                behind = self._follower.log_bytes_behind_locked(self.wal.end_locked())
                 if (not new_ids or mirror is None or mirror.positions(rows.ids).size
-                        or (behind is not None and behind <= FOLLOW_UNDER_LOCK_MAX_BYTES)):
+                        or not self._queue_waits_locked()):
                     self._follower.follow_log_locked()
                 bump = self._bump_locked(rows.ids, rows.namespaces)
             logged = replace(rows, bump=bump)  # the bump travels with the rows (see _wal.py)

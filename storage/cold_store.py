@@ -149,7 +149,8 @@ class ColdStore:
         # the flush lock): a compaction whose fragments a delete touched meanwhile is dropped by LanceDB.
         unlogged_commits = threading.RLock()
         self._upkeep = TableUpkeep(tables=self._tables, wal=self._wal, follower=self._follower, index=self._index,
-                                   lock=self._lock, unlogged_commits=unlogged_commits, life=self._life, cleanup_grace_s=cleanup_grace_s,
+                                   lock=self._lock, unlogged_commits=unlogged_commits, life=self._life,
+                                   cleanup_grace_s=cleanup_grace_s,
                                    compact_every_writes=compact_every_writes,
                                    scalar_index_min_rows=int(scalar_index_min_rows),
                                    ann_index_min_rows=int(ann_index_min_rows), index_mode=index, dim=self._dim)
