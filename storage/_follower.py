@@ -186,18 +186,10 @@ class Follower:
         if events and not self._apply_log_events_locked(events):
             self.reload_locked()
 
-    def log_bytes_behind_locked(self, end: tuple[int, int]) -> int | None:
-        """Bytes of records between this follower's position and `end` (the log's end, read under its append lock):
-        what a follow_log_locked() now would apply. None when they are not in one generation (or there is no log)."""
-        log = self._log
-        if log is None or log.fd is None or log.gen != end[0]:
-            return None
-        return max(0, end[1] - log.offset)
-
     def apply_own_record_locked(self, record: "Rows | Deleted", start: tuple[int, int], end: tuple[int, int]) -> bool:
-        """This process's own record, just written between `start` and `end` under the log's append lock, applied as
-        a poll would apply it, without reading it back: only when this follower stands exactly at `start` (every
-        record before it applied). Returns whether it did; if not, a later follow_log_locked() reads it."""
+        """This process's own record, written between `start` and `end` (a log's bytes never change once written),
+        applied as a poll would apply it, without reading it back: only when this follower stands exactly at `start`
+        (every record before it applied). Returns whether it did; if not, a follow_log_locked() reads it."""
         log = self._log
         if log is None or log.fd is None or log.position != tuple(start) or start[0] != end[0]:
             return False

@@ -162,13 +162,26 @@ def lock_held(fd: int) -> bool:
 def encode_rows(rows: Rows) -> bytes:
     """A logged add as one record: ids, created_at_us and vectors as little-endian arrays, then the text columns as
     JSON, and after them the write generations the add bumped (when it did)."""
-    n, dim = rows.vectors.shape
-    columns = [rows.namespaces, rows.sessions, rows.roles, rows.texts, rows.metadata_json]
-    strings = _json_bytes(columns if rows.bump is None else columns + [rows.bump.fields()])
-    payload = b"".join([_PAYLOAD_HEAD.pack(n, dim), np.ascontiguousarray(rows.ids, "<i8").tobytes(),
-                        np.ascontiguousarray(rows.created_at_us, "<i8").tobytes(),
-                        np.ascontiguousarray(rows.vectors, "<f4").tobytes(), strings])
-    return _REC.pack(REC_MAGIC, len(payload), zlib.crc32(payload)) + payload
+    return RowsDraft(rows).record(rows.bump)
+
+
+class RowsDraft:
+    """A logged add encoded up to its bump, which is known only under the append lock: record(bump) then costs a
+    short JSON list and one crc32, so the writer encodes the rows before it takes the lock (encode_rows' format)."""
+
+    def __init__(self, rows: Rows) -> None:
+        n, dim = rows.vectors.shape
+        columns = _json_bytes([rows.namespaces, rows.sessions, rows.roles, rows.texts, rows.metadata_json])
+        self._head = b"".join([_PAYLOAD_HEAD.pack(n, dim), np.ascontiguousarray(rows.ids, "<i8").tobytes(),
+                               np.ascontiguousarray(rows.created_at_us, "<i8").tobytes(),
+                               np.ascontiguousarray(rows.vectors, "<f4").tobytes(), columns[:-1]])  # without its "]"
+        self._head_crc = zlib.crc32(self._head)
+
+    def record(self, bump: Bump | None) -> bytes:
+        """The whole record, with `bump` (None: the add bumped nothing) as the JSON list's last item."""
+        tail = b"]" if bump is None else b"," + _json_bytes(bump.fields()) + b"]"
+        length = len(self._head) + len(tail)
+        return b"".join([_REC.pack(REC_MAGIC, length, zlib.crc32(tail, self._head_crc)), self._head, tail])
 
 
 def decode_rows(payload: bytes) -> Rows:

@@ -15,16 +15,13 @@ from ._generations import Bump, WriteGenerations
 from ._lifecycle import Lifecycle
 from ._schema import build_batch, sql_id_list
 from ._tables import LanceTables, storage_message
-from ._wal import Deleted, Note, Rows, WriteAheadLog, decode_record, encode_delete, encode_note, encode_rows
+from ._wal import Deleted, Note, Rows, RowsDraft, WriteAheadLog, decode_record, encode_delete, encode_note
 
 if TYPE_CHECKING:
     from ._follower import Follower
 
 # Adds of more rows than this bypass the log (after flushing it): one LanceDB commit is cheap per row for a batch.
 _WAL_MAX_ROWS = 1024
-# A logged add of new ids applies what other writers logged under the append lock only up to this much (a few
-# records): past it, the section would grow with the queue for the lock (_add_logged).
-FOLLOW_UNDER_LOCK_MAX_BYTES = 8 * 1024
 _MAX_FLUSH_BACKOFF_S = 30.0
 _ROW_COLUMNS = ("namespaces", "sessions", "roles", "texts", "metadata_json")
 
@@ -138,52 +135,49 @@ class Writer:
             self._life.ensure_open()
             self._follower.follow_log_locked()
 
-    def _queue_waits_locked(self) -> bool:
-        """Under the append lock: more than FOLLOW_UNDER_LOCK_MAX_BYTES of records wait for this process's follower,
-        or a rotation does (what a follow under the lock would then apply is more than a few records)."""
-        behind = self._follower.log_bytes_behind_locked(self.wal.end_locked())
-        return behind is None or behind > FOLLOW_UNDER_LOCK_MAX_BYTES
-
     def _add_logged(self, rows: Rows, *, new_ids: bool = False) -> Bump | None:
+        draft = RowsDraft(rows)  # all of the record but its bump, encoded before the lock
+        own = _owned(rows)
         self._follow_before_lock()
         with self.wal.locked():
             self._life.ensure_open()
             with self._lock:
                 # The bump needs the namespaces the ids are in now: every earlier logged write into the mirror first.
                 # Ids drawn at random for this add are in none (unless the mirror already knows one: then the full
-                # way), so for them what others logged since the follow above is applied here only while it is a
-                # few records. More is left to after the lock: applying it here would make the section grow with
-                # the queue for the lock, each writer applying what the others logged while it waited. This add's
-                # own record then reaches the mirror with theirs, after the lock.
+                # way), so for them nothing another process logged since the follow above is needed here: their
+                # records reach the mirror with this one, after the lock. Applying them here would make the section
+                # grow with the queue for the lock, each writer applying what the others logged while it waited.
                 mirror = self._follower.mirror
-                if (not new_ids or mirror is None or mirror.positions(rows.ids).size
-                        or not self._queue_waits_locked()):
+                if not new_ids or mirror is None or mirror.positions(rows.ids).size:
                     self._follower.follow_log_locked()
                 bump = self._bump_locked(rows.ids, rows.namespaces)
-            logged = replace(rows, bump=bump)  # the bump travels with the rows (see _wal.py)
-            record = encode_rows(logged)
+            record = draft.record(bump)  # the bump travels with the rows (see _wal.py)
             what = f"log {rows.ids.shape[0]} rows"
             try:
                 end, fd = self.wal.write(record)
             except Exception as exc:
                 raise StorageError(storage_message(what, self._tables.path, exc)) from exc
             self.pending_ops += int(rows.ids.shape[0])
-            with self._lock:  # no other record can come between: the mirror takes this one as it is
-                own_applied = self._follower.apply_own_record_locked(
-                    _owned(logged), (end[0], end[1] - len(record)), end)
-        try:
-            if not own_applied:
-                # Before the fdatasync, as the record applied under the lock would be: the add then returns as soon
-                # as it is durable, instead of following the log once it has a core again.
-                with self._lock:
-                    self._follower.follow_log_locked()  # applies this record (and any other process's before it)
-        finally:
-            self._sync(fd, end, what)  # durable here: outside the lock, so writers share an fdatasync
+        self._apply_own_then_sync(replace(own, bump=bump), len(record), end, fd, what)
         if bump is not None:
             bump = replace(bump, record_end=end)
         if self.pending_ops >= self._flush_rows:
             self._wake.set()
         return bump
+
+    def _apply_own_then_sync(self, own: "Rows | Deleted", size: int, end: tuple[int, int], fd: int,
+                             what: str) -> None:
+        """After the append lock: this process's record (`size` bytes ending at `end`) into the mirror, as written
+        when the follower stands at its start, or else by following the log (which applies the other processes'
+        records before it too), then made durable. Both outside the lock, which covers only the bump and the
+        append; the apply before the fdatasync, so the write returns as soon as it is durable, and the fdatasync
+        in a finally, so a failed apply leaves no acknowledged record unsynced and no fd open."""
+        try:
+            with self._lock:
+                if not self._follower.apply_own_record_locked(own, (end[0], end[1] - size), end):
+                    self._follower.follow_log_locked()
+        finally:
+            self._sync(fd, end, what)  # durable here: outside the lock, so writers share an fdatasync
 
     def _add_committed(self, rows: Rows, batch) -> Bump | None:
         ids, n = rows.ids, int(rows.ids.shape[0])
@@ -271,15 +265,9 @@ class Writer:
             except Exception as exc:
                 raise StorageError(storage_message(what, self._tables.path, exc)) from exc
             self.pending_ops += int(ids.shape[0])
-            with self._lock:  # no other record can come between: the mirror takes this one as it is
-                own_applied = self._follower.apply_own_record_locked(
-                    Deleted(ids.copy(), bump), (end[0], end[1] - len(record)), end)
-        self._sync(fd, end, what)  # durable here, outside the lock (group commit)
+        self._apply_own_then_sync(Deleted(ids.copy(), bump), len(record), end, fd, what)
         if bump is not None:
             bump = replace(bump, record_end=end)
-        if not own_applied:
-            with self._lock:
-                self._follower.follow_log_locked()  # applies this delete (and any record before it) to the mirror
         if self.pending_ops >= self._flush_rows:
             self._wake.set()
         return deleted, bump

@@ -463,13 +463,12 @@ def test_a_writer_syncs_while_another_holds_the_sync_lock(tmp_path, monkeypatch)
         check_store(store, {1, 2}, set())
 
 
-def test_an_add_of_new_ids_applies_no_queue_of_other_writers_under_the_log_lock(tmp_path, monkeypatch):
-    """A logged add of ids drawn at random for it (new_ids) bumps only its own namespace; when more than a few records
-    of other processes wait, it leaves them to the follow after the log's lock instead of applying them under it. An
-    id the mirror already holds still takes the full way (an upsert that moves it touches its old namespace too).
-    Every answer stays exact."""
+def test_an_add_of_new_ids_applies_no_record_of_other_writers_under_the_log_lock(tmp_path, monkeypatch):
+    """A logged add of ids drawn at random for it (new_ids) bumps only its own namespace and leaves the records other
+    processes logged meanwhile to the follow after the log's lock instead of applying them under it. Ids the caller
+    chose, or an id the mirror already holds, take the full way (an upsert that moves it touches its old namespace
+    too). Every answer stays exact."""
     from tiered_recall.errors import InvalidInput
-    from tiered_recall.storage._writer import FOLLOW_UNDER_LOCK_MAX_BYTES
     path = tmp_path / "cold"
     with ColdStore(path, dim=DIM, wal_flush_s=3600, background=False) as a, \
             ColdStore(path, dim=DIM, wal_flush_s=3600, background=False) as b:
@@ -501,16 +500,18 @@ def test_an_add_of_new_ids_applies_no_queue_of_other_writers_under_the_log_lock(
                          texts=["b"] * len(ids), sessions=[None] * len(ids), roles=[None] * len(ids),
                          created_at_us=ids.copy(), metadata=[None] * len(ids), new_ids=new_ids)
 
-        others.append([100])  # one record waits: cheap, applied under the lock
-        bump = add_b([200], "x", new_ids=True)
-        assert True in follows_under_lock and bump.namespaces == ("x",)
+        bump = add_b([199], "x", new_ids=True)  # nothing logged meanwhile: the record goes in as written, no follow
+        assert follows_under_lock == [False] and bump.namespaces == ("x",) and b.get([199])[0]["text"] == "b"
 
-        queue = list(range(1000, 1000 + 200))
-        assert len(queue) * DIM * 4 > FOLLOW_UNDER_LOCK_MAX_BYTES
-        others.append(queue)  # a record larger than the limit waits: left to the follow after the lock
+        others.append([100])  # one record waits: left to the follow after the lock, which reads both
+        bump = add_b([200], "x", new_ids=True)
+        assert follows_under_lock == [False, False] and bump.namespaces == ("x",)
+        assert b.get([100])[0] is not None and b.get([200])[0]["text"] == "b"
+
+        others.append(list(range(1000, 1000 + 200)))  # a large record waits: the same
         bump = add_b([201], "x", new_ids=True)
-        assert True not in follows_under_lock and bump.namespaces == ("x",)
-        assert b.count() == 5 + 1 + 200 + 2 and b.get([1100])[0] is not None and b.get([201])[0]["text"] == "b"
+        assert follows_under_lock == [False, False] and bump.namespaces == ("x",)
+        assert b.count() == 5 + 1 + 200 + 3 and b.get([1100])[0] is not None and b.get([201])[0]["text"] == "b"
         assert b.search(vec(201)[0], k=1)[0].tolist() == [201] and b.search(vec(1100)[0], k=1)[0].tolist() == [1100]
 
         others.append(list(range(2000, 2200)))
@@ -519,9 +520,38 @@ def test_an_add_of_new_ids_applies_no_queue_of_other_writers_under_the_log_lock(
 
         bump = add_b([3], "x", new_ids=True)  # the mirror holds 3 (in "w"): an upsert, the full way
         assert True in follows_under_lock and bump.namespaces == ("w", "x")
-        assert a.count() == b.count() == 5 + 1 + 200 + 200 + 3
+        assert a.count() == b.count() == 5 + 1 + 200 + 200 + 4
         for store in (a, b):
-            for i in (3, 100, 200, 201, 202, 1100, 2100):
+            for i in (3, 100, 199, 200, 201, 202, 1100, 2100):
                 assert store.search(vec(i)[0], k=1)[0].tolist() == [i]
         with pytest.raises(InvalidInput, match="new_ids"):
             add_b([300], "x", new_ids="yes")
+
+
+def test_a_write_whose_mirror_apply_fails_is_still_made_durable(tmp_path, monkeypatch):
+    """The append lock covers only the bump and the append: the record goes into the mirror after it, before the
+    fdatasync. When that apply fails, the write raises, but its record (already in the log, which other processes may
+    have read) is still made durable and its fd closed; a later follow applies it, so nothing acknowledged is lost."""
+    from tiered_recall.storage import _wal
+    from tiered_recall.storage._follower import Follower
+
+    syncs = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(_wal.os, "fdatasync", lambda fd: syncs.append(fd) or real_fdatasync(fd))
+    with ColdStore(tmp_path / "cold", dim=DIM, wal_flush_s=3600, background=False) as store:
+        _add(store, [1])
+        open_fds = len(os.listdir("/proc/self/fd"))
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("apply failed")
+
+        for kind in ("add", "delete"):
+            syncs.clear()
+            with monkeypatch.context() as patch:
+                patch.setattr(Follower, "apply_own_record_locked", broken)
+                with pytest.raises(RuntimeError, match="apply failed"):
+                    _add(store, [2]) if kind == "add" else store.delete_rows(np.array([1]))
+            assert syncs, f"the {kind}'s record was not made durable"
+            assert store._wal._synced() == store._wal.end_locked()
+            assert len(os.listdir("/proc/self/fd")) == open_fds
+        check_store(store, {2}, {1})
