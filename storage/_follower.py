@@ -23,6 +23,10 @@ from ._wal import HEADER_SIZE, Deleted, Header, LogFollower, Rows, WriteAheadLog
 # make several times per write inside the store's cross-process write lock, and readers once per search. With many
 # processes on few cores that round trip waits for the loop thread to be scheduled, so it is asked rarely.
 _VERSION_CHECK_S = 1.0
+# After a read found the version moved while another writer was at work (a flush between its commit and its
+# rotation) and left it for later, the reads of the next moment leave it too without asking while a writer is still
+# at work (two flock probes): otherwise every read in every process asks once per read until that writer is done.
+_DEFERRED_VERSION_RECHECK_S = 0.1
 _LOAD_ATTEMPTS = 5
 
 
@@ -102,6 +106,7 @@ class Follower:
         # lists every kept version: each is judged once, never again). Versions never change.
         self._known: set[int] = set()
         self._version_settled_at = -math.inf  # when a read last found the mirror at the table's latest version
+        self._version_deferred_at = -math.inf  # when a read last left a moved version for later (sync_locked)
         self._maintenance_probe_fd: int | None = None  # for _writer_active()
         if wal is not None:
             probe = os.path.join(path, MAINTENANCE_LOCK_NAME)
@@ -317,11 +322,17 @@ class Follower:
         its rotation, a compaction before its note), are left for a later sync (defer): every acknowledged change is
         in the log already (rows, deletes, or a "changed" note of a write that bypassed it), so the mirror is
         complete; only its version lags. Once no writer is at work, unexplained versions are checked (list_versions)
-        and, if they changed rows, the mirror is reloaded. Returns False when it deferred."""
+        and, if they changed rows, the mirror is reloaded. Returns False when it deferred; for
+        _DEFERRED_VERSION_RECHECK_S after a deferral, while a writer is still at work, it defers without asking
+        LanceDB again."""
         self.follow_log_locked()
         logged = self.mirror is not None and self._wal is not None and not self._tables.lagging_reads
-        if defer and logged and time.monotonic() - self._version_settled_at < _VERSION_CHECK_S:
-            return True  # settled a moment ago, and every row change since came through the log (above)
+        if defer and logged:
+            now = time.monotonic()
+            if now - self._version_settled_at < _VERSION_CHECK_S:
+                return True  # settled a moment ago, and every row change since came through the log (above)
+            if now - self._version_deferred_at < _DEFERRED_VERSION_RECHECK_S and self._writer_active():
+                return False  # left for later a moment ago, and that writer (or another) is still at work
         latest = self._tables.guard("read the table version", lambda: self._tables.table.version)
         if latest <= self.mirror_version:
             # Equal: nothing moved. Lower: with read_consistency_interval_s > 0 this handle may lag behind the
@@ -330,6 +341,7 @@ class Follower:
             return True
         if logged:
             if defer and self._writer_active():
+                self._version_deferred_at = time.monotonic()
                 return False
             self.follow_log_locked()  # a rotation or note written just before that writer let go
             if latest <= self.mirror_version:

@@ -555,3 +555,35 @@ def test_a_write_whose_mirror_apply_fails_is_still_made_durable(tmp_path, monkey
             assert store._wal._synced() == store._wal.end_locked()
             assert len(os.listdir("/proc/self/fd")) == open_fds
         check_store(store, {2}, {1})
+
+
+def test_a_version_left_for_later_while_a_writer_works_is_not_asked_again_at_every_read(tmp_path, monkeypatch):
+    """A read that finds the table's version moved while another writer is at work (a flush between its commit and
+    its rotation) leaves the version for later; the reads of the next moment leave it too without asking LanceDB
+    (one round trip into its event loop each) while a writer is still at work, and ask again once none is. Their
+    answers stay exact throughout: every row change reached the mirror through the log."""
+    from tiered_recall.storage import _follower
+
+    with ColdStore(tmp_path / "cold", dim=DIM, wal_flush_s=3600, background=False) as store:
+        _add(store, range(5))
+        follower, tables = store._follower, store._tables
+        asks = []
+        real_guard = tables.guard
+
+        def guard(what, fn):
+            if what == "read the table version":
+                asks.append(what)
+                return follower.mirror_version + 1  # moved, and the log does not explain it yet
+            return real_guard(what, fn)
+
+        at_work = [True]
+        monkeypatch.setattr(tables, "guard", guard)
+        monkeypatch.setattr(follower, "_writer_active", lambda: at_work[0])
+        monkeypatch.setattr(_follower, "_DEFERRED_VERSION_RECHECK_S", 3600.0)
+        follower._version_settled_at = -float("inf")
+        for i in range(5):
+            assert store.search(vec(i)[0], k=1)[0].tolist() == [i]
+        assert len(asks) == 1  # the first read asked and deferred; the others left it without asking
+        at_work[0] = False
+        store.search(vec(0)[0], k=1)
+        assert len(asks) == 2  # no writer at work: asked again
