@@ -48,6 +48,37 @@ def test_lru_keeps_the_most_recently_used_and_promotes_cold_hits(open_memory):
     assert moved["promoted"] == 1 and moved["evicted"] == 6 and moved["sidecar_evicted"] == 0
 
 
+def test_a_cpu_sidecar_with_no_core_to_spare_gets_no_promotions(open_memory, monkeypatch):
+    """While the processes at work fill the cores (HotTier.no_spare_core), a search that read the cold tier promotes
+    none of its cold hits into a CPU sidecar: the promotion would hold the store's write lock across a round trip to
+    the sidecar. The hits are returned as ever; a CUDA sidecar, or a spare core, gets them promoted as before."""
+    from tiered_recall.coordinator import memory as memory_module
+    from tiered_recall.hot import HotTier
+
+    rng = np.random.default_rng(41)
+    memory = open_memory(hot_capacity=5, policy="lru")
+    x = unit_rows(rng, 10)
+    add_one_by_one(memory, x, range(10))
+    assert hot_ids(memory, range(10)) == {5, 6, 7, 8, 9}
+    monkeypatch.setattr(memory_module, "OWN_COPY_SCAN_MAX_ELEMENTS", 0)  # no scope is answered from the mirror
+    monkeypatch.setattr(HotTier, "no_spare_core", property(lambda self: True))
+    for i in (0, 1):
+        report = memory.search(x[i], k=1, namespace="n", explain=True)
+        assert report.rule == "cold" and [(h.id, h.tier) for h in report.hits] == [(i, "cold")]
+    assert hot_ids(memory, range(10)) == {5, 6, 7, 8, 9}
+    moved = memory.stats()["rows_moved"]
+    assert moved["promoted"] == 0 and moved["promotions_skipped"] == 2
+
+    monkeypatch.setattr(memory._link.hot, "backend", "cuda")  # a GPU sidecar's work takes no core from the clients
+    assert [(h.id, h.tier) for h in memory.search(x[0], k=1, namespace="n")] == [(0, "cold")]
+    monkeypatch.setattr(memory._link.hot, "backend", "cpu")
+    monkeypatch.setattr(HotTier, "no_spare_core", property(lambda self: False))
+    assert [(h.id, h.tier) for h in memory.search(x[1], k=1, namespace="n")] == [(1, "cold")]
+    assert {0, 1} <= hot_ids(memory, range(10))
+    moved = memory.stats()["rows_moved"]
+    assert moved["promoted"] == 2 and moved["promotions_skipped"] == 2
+
+
 def test_lfu_with_ageing_keeps_frequently_used_rows_through_a_flood(open_memory):
     rng = np.random.default_rng(2)
     memory = open_memory(hot_capacity=6, policy=LFU(half_life=50))

@@ -151,7 +151,7 @@ class TieredMemory:
         self._lock = threading.RLock()
         self._write_lock = StoreWriteLock(self.path)
         self._moves = Counter({k: 0 for k in ("inserted", "promoted", "evicted", "sidecar_evicted", "resyncs",
-                                              "bound_rebuilds", "rewarms", "repairs")})
+                                              "bound_rebuilds", "rewarms", "repairs", "promotions_skipped")})
         self._cache = MemoryCache(self.cold)
         self._placement = Placement(self.dim, self.policy, self.cold, self._moves)
         self._link = HotLink(self.path, dim=self.dim, device=self.device, capacity=self.hot_capacity,
@@ -668,6 +668,16 @@ class TieredMemory:
         rows = self.cold.exact_scan_rows(namespace)
         return rows is not None and rows * self.dim <= OWN_COPY_SCAN_MAX_ELEMENTS
 
+    @staticmethod
+    def _promotion_takes_a_core(hot) -> bool:
+        """A CPU sidecar with no core to spare (HotTier.no_spare_core): a promotion is left out. It holds the store's
+        write lock, which every writer whose hot side is due then queues behind, across a round trip to the sidecar
+        that takes a core from a client and costs the caller a wait for one; and the rows it would bring in serve
+        searches that, while no core is spare, mostly do not ask the sidecar (_own_copy_cheaper) or find the hot tier
+        unable to answer their scope anyway. Cold hits are promoted again once a core is spare. Exactness does not
+        depend on it: rows that are not hot are searched in the cold tier."""
+        return hot.backend == "cpu" and hot.no_spare_core
+
     def _hot_may_answer(self, hot, namespace: str | None) -> bool:
         """Whether some rule could answer the scope from the hot tier, judged before asking it: the threshold rule
         (it needs the hot scores), counts that say the hot tier holds the whole scope, or bounds that cover its
@@ -708,7 +718,9 @@ class TieredMemory:
         else:
             cold_hits = placement.not_hot([i for _, i, tier in ranked if tier == "cold"]) if self.policy.promote else []
             wanted = bool(cold_hits)
-        if wanted:
+        if wanted and self._promotion_takes_a_core(hot):
+            self._moves["promotions_skipped"] += 1
+        elif wanted:
             with self._write_lock.held(wait=False) as got:  # a writer is at work: promote on a later cold hit
                 if got and whole:
                     link.call(lambda h: placement.promote_namespace(h, namespace))
