@@ -596,6 +596,28 @@ class LogFollower:
         """(generation, offset) of the next record this follower reads."""
         return self.gen, self.offset
 
+    def bytes_between(self, start: tuple[int, int], end: tuple[int, int]) -> float:
+        """Bytes of records a follower at `start` reads before it reaches `end` (both record boundaries): the rest
+        of start's generation and the records of the next one up to `end`, less the ones carried into it, which were
+        read once already. Infinite when `end` lies more than one generation later, or a header it needs is gone."""
+        if end[0] == start[0]:
+            return float(max(0, end[1] - start[1]))
+        if end[0] != start[0] + 1:
+            return float("inf")
+        try:
+            fd = self.wal.open_gen(end[0])
+        except FileNotFoundError:
+            return float("inf")
+        try:
+            header = read_header(fd)
+        except (OSError, ValueError):  # a header cut short or damaged: the follower's poll reports it
+            return float("inf")
+        finally:
+            os.close(fd)
+        # start's generation ends at carried_from + carried_len, and the next one begins with those carried_len bytes
+        # again: (carried_from + carried_len - start) + (end - HEADER_SIZE - carried_len)
+        return float(max(0, header.carried_from - start[1] + end[1] - HEADER_SIZE))
+
     def has_more(self) -> bool:
         """True when the log holds records past this position, or a later generation (a cheap look: no read);
         False before the follower was positioned."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -341,7 +342,8 @@ def test_on_a_crowded_machine_an_add_leaves_its_hot_side_to_the_searches(open_me
     """With more client processes at work than cores (HotTier.crowded) every block costs a wait for a core: a logged
     add leaves its hot side at once, lock free or taken, without napping; the next search of its slot applies it
     and answers exactly. On a machine with cores to spare an add applies its own side when the lock is free, and
-    naps while it looks for a holder; with too much waiting it queues for the lock even when crowded."""
+    naps while it looks for a holder; with too much waiting it applies the log when the lock is free, crowded or
+    not."""
     import threading
 
     from tiered_recall.coordinator import link as link_module
@@ -383,7 +385,7 @@ def test_on_a_crowded_machine_an_add_leaves_its_hot_side_to_the_searches(open_me
         release.set()
         thread.join(30)
     monkeypatch.setattr(HotTier, "crowded", property(lambda self: True))
-    monkeypatch.setattr(link_module, "DEFERRED_LOG_BYTES", 0)  # too much waiting: it queues and applies, crowded or not
+    monkeypatch.setattr(link_module, "DEFERRED_LOG_BYTES", 0)  # too much waiting, the lock free: it applies
     memory.add(vectors=vectors[4:5], texts=["e"], namespace="n", ids=[5])
     assert memory._link.logged.left_to_others == 3
     report = memory.search(vectors[4], k=5, namespace="n", explain=True)
@@ -417,6 +419,53 @@ def test_a_holder_of_the_write_lock_applies_records_logged_while_it_applied(open
     assert link.token(namespace_hash("n")) is not None  # the latecomer's slot is current: applied
     report = memory.search(vectors[2], k=3, namespace="n", explain=True)
     assert report.rule == "complete" and report.hits[0].id == 3 and {h.tier for h in report.hits} == {"hot"}
+
+
+def test_on_a_crowded_machine_a_writer_with_much_log_waiting_never_queues_for_the_lock(open_memory, tmp_path,
+                                                                                      monkeypatch):
+    """Crowded (HotTier.crowded), with more of the log waiting than DEFERRED_LOG_BYTES: a logged add applies the log
+    when the store's write lock is free; while another process holds it, the add leaves its record to the holder or
+    the next writer at once instead of queueing behind it (each writer queued there pays a wait for a core). Its slot
+    stays stale meanwhile, so searches are answered from the cold tier, exactly; once the lock goes, the next search
+    applies the record."""
+    import threading
+
+    from tiered_recall.coordinator import link as link_module
+    from tiered_recall.coordinator.write_lock import StoreWriteLock
+    from tiered_recall.hot import HotTier
+
+    rng = np.random.default_rng(29)
+    vectors = unit(rng, 3)
+    memory = open_memory(tmp_path / "store", hot_capacity=64)
+    memory.add(vectors=vectors[:1], texts=["a"], namespace="n", ids=[1])
+    monkeypatch.setattr(HotTier, "crowded", property(lambda self: True))
+    monkeypatch.setattr(link_module, "DEFERRED_LOG_BYTES", 0)  # every record waiting counts as much
+    memory.add(vectors=vectors[1:2], texts=["b"], namespace="n", ids=[2])  # the lock is free: it applies
+    assert memory._link.logged.left_to_others == 0
+
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with StoreWriteLock(memory.path).held():
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(30)
+        started = time.monotonic()
+        memory.add(vectors=vectors[2:3], texts=["c"], namespace="n", ids=[3])
+        assert time.monotonic() - started < 5 and not release.is_set()  # it did not wait for the holder
+        assert memory._link.logged.left_to_others == 1
+        report = memory.search(vectors[2], k=3, namespace="n", explain=True)
+        assert report.rule == "cold" and [h.id for h in report.hits][0] == 3
+        assert sorted(h.id for h in report.hits) == [1, 2, 3]
+    finally:
+        release.set()
+        thread.join(30)
+    report = memory.search(vectors[2], k=3, namespace="n", explain=True)  # this search applies the record
+    assert report.rule == "complete" and [h.id for h in report.hits][0] == 3 and {h.tier for h in report.hits} == {"hot"}
 
 
 def test_a_writer_that_closes_applies_the_writes_it_left_to_others(open_memory, tmp_path):

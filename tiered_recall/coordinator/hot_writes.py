@@ -46,11 +46,12 @@ class LoggedWrites:
 
     def waiting_bytes(self, end: tuple[int, int]) -> float:
         """Bytes of the log between the applied position and `end` (a record's end): what the next apply() would
-        read up to it. Infinite when the position is not known or lies in an earlier log generation."""
+        read up to it, across one rotation of the log too. Infinite when the position is not known or lies more than
+        one log generation earlier."""
         applied = self.certs.applied()
-        if applied is None or applied[0] != end[0]:
+        if applied is None or self._reader is None:
             return float("inf")
-        return max(0, end[1] - applied[1])
+        return self._reader.bytes_between(applied, end)
 
     def apply(self, hot, epoch: tuple[int, int], *, own_note: tuple[int, int] | None = None,
               own_side: Callable[[], None] | None = None) -> bool:

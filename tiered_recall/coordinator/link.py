@@ -342,10 +342,11 @@ class HotLink:
         holder, the next writer or the next search of its slots, and otherwise it queues for the lock (the holder
         may be a repair or a promotion, which applies nothing). Its slots stay stale until its record is applied,
         so nothing is answered without it meanwhile. On a crowded machine (HotTier.crowded) it leaves its record at
-        once, lock free or not, while little is waiting: each block there (a nap, the lock, the sidecar's reply) costs
-        a wait for a core, and the searches that apply the record instead are many and already running. A write that
-        bypassed the log holds the lock already (it keeps its place in the log's order), and own_side(hot) does its
-        side where its note is reached."""
+        once, lock free or not, while little is waiting, and with much waiting applies the log only if the lock is
+        free, else leaves its record to the holder (which applies the records that arrive while it applies) or the
+        next writer: each block there (a nap, the lock, the sidecar's reply) costs a wait for a core, and writers that
+        queue behind one holder each pay one. A write that bypassed the log holds the lock already (it keeps its
+        place in the log's order), and own_side(hot) does its side where its note is reached."""
         if self.hot is not None:
             self.hot.note_work()  # a write counts as work on the store, whether or not it asks the sidecar
         if bump is None:
@@ -360,12 +361,13 @@ class HotLink:
                 leave = late and self.logged.waiting_bytes(bump.record_end) <= DEFERRED_LOG_BYTES
                 if leave and crowded:
                     return self._leave_to_others(bump)
-                # late, with much waiting: queue for the lock; late, with little: one more look, then leave it
-                with self.write_lock.held(wait=late and not leave) as got:
+                # late, with much waiting: queue for the lock (crowded: only take it when free); late, with little:
+                # one more look, then leave it
+                with self.write_lock.held(wait=late and not leave and not crowded) as got:
                     if got:
                         return self.logged.covers(bump.record_end) or \
                             self.call(lambda hot: self.logged.apply_with_latecomers(hot, self.epoch)) is not None
-                if leave:
+                if leave or crowded:
                     return self._leave_to_others(bump)
                 time.sleep(HOLDER_POLL_S)
             return True
