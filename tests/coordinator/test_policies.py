@@ -79,6 +79,20 @@ def test_a_cpu_sidecar_with_no_core_to_spare_gets_no_promotions(open_memory, mon
     assert moved["promoted"] == 2 and moved["promotions_skipped"] == 2
 
 
+def test_a_cold_path_whose_sidecar_handle_was_dropped_on_the_way_still_promotes(open_memory):
+    """The cold path's repair can drop the hot tier's handle (a sidecar that stopped answering): the promotion
+    after it asks the link for the current handle, never the closed one, and the next attach gets the row."""
+    rng = np.random.default_rng(43)
+    memory = open_memory(hot_capacity=5, policy="lru")
+    x = unit_rows(rng, 10)
+    add_one_by_one(memory, x, range(10))
+    hot = memory._link.hot
+    memory._link.drop("the test dropped the sidecar's handle")  # closes `hot`, as a failed repair does
+    memory._after_cold_path(hot, "n", [(1.0, 0, "cold")], trusted=True)
+    assert memory._link.hot is not None and 0 in hot_ids(memory, range(10))
+    assert memory.stats()["rows_moved"]["promoted"] == 1
+
+
 def test_lfu_with_ageing_keeps_frequently_used_rows_through_a_flood(open_memory):
     rng = np.random.default_rng(2)
     memory = open_memory(hot_capacity=6, policy=LFU(half_life=50))

@@ -718,7 +718,8 @@ class TieredMemory:
         else:
             cold_hits = placement.not_hot([i for _, i, tier in ranked if tier == "cold"]) if self.policy.promote else []
             wanted = bool(cold_hits)
-        if wanted and self._promotion_takes_a_core(hot):
+        current = link.hot  # the repair above may have dropped (and closed) the handle the search used
+        if wanted and current is not None and self._promotion_takes_a_core(current):
             self._moves["promotions_skipped"] += 1
         elif wanted:
             with self._write_lock.held(wait=False) as got:  # a writer is at work: promote on a later cold hit
