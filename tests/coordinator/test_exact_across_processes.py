@@ -2,9 +2,11 @@
 process's hot tier answering from stale rows or counts (the certificates of docs/skip-rules.md)."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -13,6 +15,29 @@ import pytest
 pytestmark = pytest.mark.lancedb
 
 DIM = 16
+
+
+@contextlib.contextmanager
+def write_lock_held_elsewhere(path, hold_s: float = 10.0):
+    """The store's write lock held by a thread through another open file of it, which excludes this process as
+    another process would, until the block ends or hold_s passes."""
+    from tiered_recall.coordinator.write_lock import StoreWriteLock
+
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with StoreWriteLock(path).held():
+            held.set()
+            release.wait(hold_s)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(30)
+        yield
+    finally:
+        release.set()
+        thread.join(30)
 
 
 def unit(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -293,47 +318,27 @@ def test_an_add_that_finds_the_write_lock_taken_leaves_its_hot_side_to_others(op
     the lock: its record waits in the log, its slot stays stale, and searches stay exact (the cold tier answers
     until someone applies the record; once the lock is free, the next search of the slot applies it and the hot tier
     answers alone). With more than DEFERRED_LOG_BYTES waiting it queues for the lock as before."""
-    import threading
-    import time
-
     from tiered_recall.coordinator import link as link_module
-    from tiered_recall.coordinator.write_lock import StoreWriteLock
 
     rng = np.random.default_rng(25)
     vectors = unit(rng, 4)
     memory = open_memory(tmp_path / "store", hot_capacity=64)
     memory.add(vectors=vectors[:2], texts=["a", "b"], namespace="n", ids=[1, 2])
-    held, release = threading.Event(), threading.Event()
-
-    def holder(hold_s: float) -> None:  # another open file of the lock excludes this process like a process would
-        with StoreWriteLock(memory.path).held():
-            held.set()
-            release.wait(hold_s)
-
-    thread = threading.Thread(target=holder, args=(10.0,))
-    thread.start()
-    assert held.wait(30)
-    started = time.monotonic()
-    memory.add(vectors=vectors[2:3], texts=["c"], namespace="n", ids=[3])
-    assert time.monotonic() - started < 5.0  # it did not wait for the holder
-    assert memory._link.logged.left_to_others == 1
-    report = memory.search(vectors[2], k=3, namespace="n", explain=True)
-    assert report.rule == "cold" and report.hits[0].id == 3 and sorted(h.id for h in report.hits) == [1, 2, 3]
-    release.set()
-    thread.join(30)
+    with write_lock_held_elsewhere(memory.path):
+        started = time.monotonic()
+        memory.add(vectors=vectors[2:3], texts=["c"], namespace="n", ids=[3])
+        assert time.monotonic() - started < 5.0  # it did not wait for the holder
+        assert memory._link.logged.left_to_others == 1
+        report = memory.search(vectors[2], k=3, namespace="n", explain=True)
+        assert report.rule == "cold" and report.hits[0].id == 3 and sorted(h.id for h in report.hits) == [1, 2, 3]
     report = memory.search(vectors[2], k=3, namespace="n", explain=True)
     assert report.rule == "complete" and [h.id for h in report.hits][0] == 3 and {h.tier for h in report.hits} == {"hot"}
 
     monkeypatch.setattr(link_module, "DEFERRED_LOG_BYTES", 0)  # too much waiting already: queue for the lock
-    held.clear()
-    release.clear()
-    thread = threading.Thread(target=holder, args=(0.5,))
-    thread.start()
-    assert held.wait(30)
-    started = time.monotonic()
-    memory.add(vectors=vectors[3:4], texts=["d"], namespace="n", ids=[4])
-    assert time.monotonic() - started >= 0.4  # it waited for the lock, then applied its own record
-    thread.join(30)
+    with write_lock_held_elsewhere(memory.path, hold_s=0.5):
+        started = time.monotonic()
+        memory.add(vectors=vectors[3:4], texts=["d"], namespace="n", ids=[4])
+        assert time.monotonic() - started >= 0.4  # it waited for the lock, then applied its own record
     assert memory._link.logged.left_to_others == 1
     assert memory.search(vectors[3], k=4, namespace="n", explain=True).rule == "complete"
 
@@ -344,10 +349,7 @@ def test_on_a_crowded_machine_an_add_leaves_its_hot_side_to_the_searches(open_me
     and answers exactly. On a machine with cores to spare an add applies its own side when the lock is free, and
     naps while it looks for a holder; with too much waiting it applies the log when the lock is free, crowded or
     not."""
-    import threading
-
     from tiered_recall.coordinator import link as link_module
-    from tiered_recall.coordinator.write_lock import StoreWriteLock
     from tiered_recall.hot import HotTier
 
     rng = np.random.default_rng(27)
@@ -363,17 +365,7 @@ def test_on_a_crowded_machine_an_add_leaves_its_hot_side_to_the_searches(open_me
     report = memory.search(vectors[1], k=2, namespace="n", explain=True)  # the search applies it
     assert report.rule == "complete" and report.hits[0].id == 2 and {h.tier for h in report.hits} == {"hot"}
 
-    held, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with StoreWriteLock(memory.path).held():
-            held.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert held.wait(30)
+    with write_lock_held_elsewhere(memory.path, hold_s=30.0):
         memory.add(vectors=vectors[2:3], texts=["c"], namespace="n", ids=[3])
         assert memory._link.logged.left_to_others == 2 and naps == []
         monkeypatch.setattr(HotTier, "crowded", property(lambda self: False))
@@ -381,9 +373,6 @@ def test_on_a_crowded_machine_an_add_leaves_its_hot_side_to_the_searches(open_me
         assert memory._link.logged.left_to_others == 3 and naps  # napped while it looked for the holder
         report = memory.search(vectors[3], k=4, namespace="n", explain=True)  # the lock is taken: cold, exact
         assert report.rule == "cold" and sorted(h.id for h in report.hits) == [1, 2, 3, 4]
-    finally:
-        release.set()
-        thread.join(30)
     monkeypatch.setattr(HotTier, "crowded", property(lambda self: True))
     monkeypatch.setattr(link_module, "DEFERRED_LOG_BYTES", 0)  # too much waiting, the lock free: it applies
     memory.add(vectors=vectors[4:5], texts=["e"], namespace="n", ids=[5])
@@ -428,10 +417,7 @@ def test_on_a_crowded_machine_a_writer_with_much_log_waiting_never_queues_for_th
     the next writer at once instead of queueing behind it (each writer queued there pays a wait for a core). Its slot
     stays stale meanwhile, so searches are answered from the cold tier, exactly; once the lock goes, the next search
     applies the record."""
-    import threading
-
     from tiered_recall.coordinator import link as link_module
-    from tiered_recall.coordinator.write_lock import StoreWriteLock
     from tiered_recall.hot import HotTier
 
     rng = np.random.default_rng(29)
@@ -443,27 +429,14 @@ def test_on_a_crowded_machine_a_writer_with_much_log_waiting_never_queues_for_th
     memory.add(vectors=vectors[1:2], texts=["b"], namespace="n", ids=[2])  # the lock is free: it applies
     assert memory._link.logged.left_to_others == 0
 
-    held, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with StoreWriteLock(memory.path).held():
-            held.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert held.wait(30)
+    with write_lock_held_elsewhere(memory.path):
         started = time.monotonic()
         memory.add(vectors=vectors[2:3], texts=["c"], namespace="n", ids=[3])
-        assert time.monotonic() - started < 5 and not release.is_set()  # it did not wait for the holder
+        assert time.monotonic() - started < 5  # it did not wait for the holder
         assert memory._link.logged.left_to_others == 1
         report = memory.search(vectors[2], k=3, namespace="n", explain=True)
         assert report.rule == "cold" and [h.id for h in report.hits][0] == 3
         assert sorted(h.id for h in report.hits) == [1, 2, 3]
-    finally:
-        release.set()
-        thread.join(30)
     report = memory.search(vectors[2], k=3, namespace="n", explain=True)  # this search applies the record
     assert report.rule == "complete" and [h.id for h in report.hits][0] == 3 and {h.tier for h in report.hits} == {"hot"}
 
@@ -471,9 +444,6 @@ def test_on_a_crowded_machine_a_writer_with_much_log_waiting_never_queues_for_th
 def test_a_writer_that_closes_applies_the_writes_it_left_to_others(open_memory, tmp_path):
     """An add that left its hot side to the lock's holder, when nobody applied it since, is applied when its writer
     closes the store: no acknowledged write waits in the log for a search that may never come."""
-    import threading
-
-    from tiered_recall.coordinator.write_lock import StoreWriteLock
     from tiered_recall.namespaces import namespace_hash
 
     rng = np.random.default_rng(27)
@@ -482,19 +452,8 @@ def test_a_writer_that_closes_applies_the_writes_it_left_to_others(open_memory, 
     writer = open_memory(path, hot_capacity=64)
     reader = open_memory(path, hot_capacity=64)  # keeps the sidecar, and looks at the certificates afterwards
     writer.add(vectors=vectors[:1], texts=["a"], namespace="n", ids=[1])
-    held, release = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with StoreWriteLock(path).held():
-            held.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert held.wait(30)
-    writer.add(vectors=vectors[1:], texts=["b"], namespace="n", ids=[2])
-    release.set()
-    thread.join(30)
+    with write_lock_held_elsewhere(path):
+        writer.add(vectors=vectors[1:], texts=["b"], namespace="n", ids=[2])
     assert writer._link.logged.left_to_others == 1
     assert reader._link.token(namespace_hash("n")) is None  # the record waits in the log
     writer.close()
