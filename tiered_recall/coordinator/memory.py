@@ -663,19 +663,15 @@ class TieredMemory:
         "no-spare-core", path "cold"), exact like every cold answer, and the sidecar is not asked. Its round trip
         would take a core from a client (the sidecar's scan) and cost the caller a wait for one; the scan here costs
         less. Nothing was missed, so nothing is promoted."""
-        if hot.backend != "cpu" or not hot.no_spare_core:
+        if not self._sidecar_takes_a_core(hot):
             return False
         rows = self.cold.exact_scan_rows(namespace)
         return rows is not None and rows * self.dim <= OWN_COPY_SCAN_MAX_ELEMENTS
 
     @staticmethod
-    def _promotion_takes_a_core(hot) -> bool:
-        """A CPU sidecar with no core to spare (HotTier.no_spare_core): a promotion is left out. It holds the store's
-        write lock, which every writer whose hot side is due then queues behind, across a round trip to the sidecar
-        that takes a core from a client and costs the caller a wait for one; and the rows it would bring in serve
-        searches that, while no core is spare, mostly do not ask the sidecar (_own_copy_cheaper) or find the hot tier
-        unable to answer their scope anyway. Cold hits are promoted again once a core is spare. Exactness does not
-        depend on it: rows that are not hot are searched in the cold tier."""
+    def _sidecar_takes_a_core(hot) -> bool:
+        """A CPU sidecar with no core to spare (HotTier.no_spare_core): whatever it is asked to do (a scan, a
+        promotion's rows) takes a core from a client, and its caller waits for a core to run again."""
         return hot.backend == "cpu" and hot.no_spare_core
 
     def _hot_may_answer(self, hot, namespace: str | None) -> bool:
@@ -718,8 +714,12 @@ class TieredMemory:
         else:
             cold_hits = placement.not_hot([i for _, i, tier in ranked if tier == "cold"]) if self.policy.promote else []
             wanted = bool(cold_hits)
-        current = link.hot  # the repair above may have dropped (and closed) the handle the search used
-        if wanted and current is not None and self._promotion_takes_a_core(current):
+        # No promotion into a sidecar whose work takes a core from a client: it would hold the store's write lock,
+        # which the writers whose hot side is due queue behind, across that round trip, for rows that the searches
+        # of such a machine mostly take from their own copy (_own_copy_cheaper). Cold hits promote again once a core
+        # is spare. The repair above may have dropped (and closed) the handle the search used: ask the link's.
+        current = link.hot
+        if wanted and current is not None and self._sidecar_takes_a_core(current):
             self._moves["promotions_skipped"] += 1
         elif wanted:
             with self._write_lock.held(wait=False) as got:  # a writer is at work: promote on a later cold hit

@@ -11,7 +11,18 @@ HACK = os.environ.get("TR_HACK", "")
 if HACK in ("before", "promote"):
     from tiered_recall.coordinator.memory import TieredMemory
 
-    TieredMemory._promotion_takes_a_core = staticmethod(lambda hot: False)
+    real_after_cold_path = TieredMemory._after_cold_path
+    shared_rule = TieredMemory.__dict__["_sidecar_takes_a_core"]
+
+    def after_cold_path(self, hot, *args, **kwargs):
+        # the rule stays for _own_copy_cheaper (4239d83 had it there); only the promotions ignore it
+        TieredMemory._sidecar_takes_a_core = staticmethod(lambda hot: False)
+        try:
+            return real_after_cold_path(self, hot, *args, **kwargs)
+        finally:
+            TieredMemory._sidecar_takes_a_core = shared_rule
+
+    TieredMemory._after_cold_path = after_cold_path
 
 if HACK == "before":
     from tiered_recall.coordinator import link as L
