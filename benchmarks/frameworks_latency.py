@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tiered_recall import AsyncTieredMemory, TieredMemory
-from tiered_recall.coordinator import memory as memory_module
+from tiered_recall.coordinator import search as search_module
 
 try:
     from langgraph.store.base import PutOp
@@ -93,16 +93,16 @@ def prefix_search(folder: Path, device: str, dim: int, repeats: int) -> dict:
             timed(lambda: memory.search(q, k=10, namespace_prefix=("users", "u1")), repeats))
         out["prefix_44_namespaces_filtered_cold_p50_us"] = p50_us(
             timed(lambda: memory.search(q, k=10, namespace_prefix=("users",)), repeats))
-        saved = memory_module.PREFIX_FANOUT_MAX
+        saved = search_module.PREFIX_FANOUT_MAX
         try:
-            memory_module.PREFIX_FANOUT_MAX = 0  # the same small prefix through the filtered cold search
+            search_module.PREFIX_FANOUT_MAX = 0  # the same small prefix through the filtered cold search
             out["prefix_2_namespaces_filtered_cold_p50_us"] = p50_us(
                 timed(lambda: memory.search(q, k=10, namespace_prefix=("users", "u1")), repeats))
-            memory_module.PREFIX_FANOUT_MAX = 128  # the large prefix by fan-out
+            search_module.PREFIX_FANOUT_MAX = 128  # the large prefix by fan-out
             out["prefix_44_namespaces_fanout_p50_us"] = p50_us(
                 timed(lambda: memory.search(q, k=10, namespace_prefix=("users",)), repeats))
         finally:
-            memory_module.PREFIX_FANOUT_MAX = saved
+            search_module.PREFIX_FANOUT_MAX = saved
     return out
 
 

@@ -1,4 +1,5 @@
 """The cold tier: durable LanceDB storage with exact (and, when large, ANN) search; see ColdStore."""
+from ._schema import TABLE_NAME
 from .cold_store import ColdStore
 
-__all__ = ["ColdStore"]
+__all__ = ["ColdStore", "TABLE_NAME"]

@@ -14,7 +14,8 @@ from ._maintenance import LOCK_FILE_NAME as MAINTENANCE_LOCK_NAME
 from ._mirror import VectorMirror
 from ._schema import VECTOR_COLUMN, timestamps_us, vectors_from_arrow
 from ._tables import LanceTables, row_keeping_versions, version_summaries
-from ._wal import HEADER_SIZE, Deleted, Header, LogFollower, Rows, WriteAheadLog, lock_held, read_header
+from ..sync import HEADER_SIZE, Deleted, Header, LogFollower, Rows, lock_held, read_header
+from ._wal import WriteAheadLog
 
 # With the log on and the mirror loaded, a read asks LanceDB for the table's latest version at most this often.
 # Every row change of a process that logs reaches the mirror through the log (logged rows and deletes, or a
@@ -91,7 +92,7 @@ class Follower:
         self.dim = dim
         self._tables = tables
         self._wal = wal
-        self._log = None if wal is None else LogFollower(wal)
+        self._log = None if wal is None else LogFollower(wal.folder)
         self._mirror_max_bytes = mirror_max_bytes
         self.watcher: MirrorWatcher = _NoWatcher()
         self.listeners: list[RowListener] = []

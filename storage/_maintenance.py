@@ -1,7 +1,6 @@
 """Upkeep of the cold table: compaction, old-version cleanup, index builds and reconnects, one process at a time."""
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 import time
@@ -14,7 +13,7 @@ import numpy as np
 
 from ._schema import VECTOR_COLUMN
 from ._tables import is_conflict, retry, row_keeping_versions, version_summaries
-from ._wal import encode_note
+from ..sync import encode_note, exclusive
 
 if TYPE_CHECKING:
     from ._follower import Follower
@@ -30,19 +29,8 @@ LOCK_FILE_NAME = ".maintenance.lock"
 def maintenance_lock(folder: str, *, blocking: bool, name: str = LOCK_FILE_NAME) -> Iterator[bool]:
     """Yield True while holding the store's cross-process lock `name` (default: maintenance), False if another
     process holds it."""
-    fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    with exclusive(os.path.join(folder, name), wait=blocking) as got:
+        yield got
 
 
 class MaintenanceThread:

@@ -1,16 +1,16 @@
-"""Shape checks for what the cold tier writes and searches by: its caller (TieredMemory, tiered_recall.coordinator
-.validate) checked the values, so here only the structure of each argument is confirmed (cheaply, O(n)) before it
-reaches the durable store, where a malformed row could not be taken back. Vector values (finite, unit norm) are not
-checked again: they were once, at the API."""
+"""Checks of what a direct caller of the cold tier (ColdStore.add, search, get...) passes, before it reaches the
+durable store, where a malformed row could not be taken back: the structure of each argument, cheaply (O(n)).
+TieredMemory checks its callers' values itself (tiered_recall.coordinator.validate) and writes through
+ColdStore.add_rows, which checks nothing again. Vector values (finite, unit norm) are the caller's to ensure."""
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import InvalidInput
 from ..namespaces import validate_namespace
+from ..sync import encode_metadata
 
 
 def check_dim(dim: Any) -> int:
@@ -143,7 +143,7 @@ def check_metadata(values: Any, n: int) -> list[str]:
         if not isinstance(value, dict):
             raise InvalidInput(f"metadata[{i}] must be a dict or None, got {type(value).__name__}")
         try:
-            encoded.append(json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")))
+            encoded.append(encode_metadata(value))
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"metadata[{i}] is not JSON-serialisable ({exc}); keep values to str/int/float/bool/list/dict") from None
     return encoded

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 
 from ..errors import ReadOnlyStore, StorageError
-from ._generations import Bump, WriteGenerations
+from ..sync import Bump, Deleted, Note, Rows, RowsDraft, WriteGenerations, decode_record, encode_delete, encode_note
 from ._lifecycle import Lifecycle
 from ._schema import build_batch, sql_id_list
 from ._tables import LanceTables, storage_message
-from ._wal import Deleted, Note, Rows, RowsDraft, WriteAheadLog, decode_record, encode_delete, encode_note
+from ._wal import WriteAheadLog
 
 if TYPE_CHECKING:
     from ._follower import Follower

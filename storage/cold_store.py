@@ -15,17 +15,17 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import InvalidInput, ReadOnlyStore, StorageError
+from ..sync import Bump, LogFollower, Rows, Snapshot, WriteGenerations, open_generations
 from . import _validate as check
 from ._ann import TARGET_RECALL
 from ._follower import Follower
-from ._generations import Bump, Snapshot, WriteGenerations, open_generations
 from ._index import FAISS_FOLDER, FaissIndex
 from ._lifecycle import Lifecycle
 from ._maintenance import TableUpkeep
 from ._reads import RowReads, as_recent, in_order
 from ._search import Searcher
 from ._tables import LanceTables, guard
-from ._wal import LogFollower, Rows, WriteAheadLog
+from ._wal import WriteAheadLog
 from ._writer import Writer
 
 __all__ = ["ColdStore", "FAISS_FOLDER", "INDEX_MODES", "WAL_FOLDER"]
@@ -257,6 +257,14 @@ class ColdStore:
         return self._writer.add(Rows(ids, vectors, created, namespaces, sessions, roles, texts, metadata_json),
                                 new_ids=new_ids)
 
+    def add_rows(self, rows: Rows, *, new_ids: bool = False) -> Bump | None:
+        """add() of rows whose every value the caller checked (TieredMemory does, once, at its API): distinct int64
+        ids, C-contiguous (n, dim) float32 unit rows, valid namespaces, str texts, str or None sessions and roles,
+        int64 times, metadata as JSON text (sync.encode_metadata). Nothing is checked again here."""
+        self._life.ensure_open()
+        self._check_writable()
+        return self._writer.add(rows, new_ids=new_ids)
+
     def flush(self) -> int:
         """Move every logged row (of any process) into LanceDB now; returns how many. Background flushes and close()
         do this anyway; bulk loaders and tests call it to see the table itself."""
@@ -344,7 +352,7 @@ class ColdStore:
     def log_reader(self) -> LogFollower | None:
         """A reader of the write-ahead log of its own (LogFollower: seek to a position, poll the records past it,
         each with the bump of the write it carries); None without a log."""
-        return None if self._wal is None else LogFollower(self._wal)
+        return None if self._wal is None else LogFollower(self._wal.folder)
 
     def log_snapshot(self) -> tuple[tuple[int, int] | None, Snapshot | None]:
         """(the log's end position, every write generation) read together under the log's append lock: no write's

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tiered_recall.storage import ColdStore
-from tiered_recall.storage._wal import HEADER_SIZE, Rows, WriteAheadLog, encode_rows, parse_records
+from tiered_recall.storage._wal import WriteAheadLog
+from tiered_recall.sync import HEADER_SIZE, LogFollower, Rows, encode_rows, parse_records
 
 DIM = 16
 
@@ -23,6 +24,7 @@ _CHILD = """
 import os, sys, json, numpy as np
 from tiered_recall.storage import ColdStore
 from tiered_recall.storage import _wal
+from tiered_recall.sync import Rows, encode_rows
 
 cfg = json.loads(sys.argv[1])
 dim = cfg["dim"]
@@ -66,7 +68,7 @@ if cfg.get("torn_tail"):
     wal = _wal.WriteAheadLog(os.path.join(cfg["path"], "_wal"))
     with wal.locked():
         wal._refresh_locked()
-        rec = _wal.encode_rows(_wal.Rows(np.array([first + count]), vec(first + count), np.array([0]), ["w"], [None],
+        rec = encode_rows(Rows(np.array([first + count]), vec(first + count), np.array([0]), ["w"], [None],
                                          [None], ["torn" * 200], [None]))
         os.pwrite(wal._wfd, rec[: len(rec) // 2], wal._wend)
         os.fsync(wal._wfd)
@@ -333,7 +335,7 @@ def test_adds_go_on_during_a_flush_and_are_carried_into_the_next_generation(tmp_
         monkeypatch.undo()
         assert store._tables.table.count_rows() == 10  # the flush took rows 0-9; 10-19 were carried into the new generation
         gen = store._wal.generations()[-1]
-        from tiered_recall.storage._wal import read_header
+        from tiered_recall.sync import read_header
         fd = store._wal.open_gen(gen)
         try:
             header = read_header(fd)
@@ -352,7 +354,6 @@ def test_the_bytes_a_follower_reads_to_a_record_are_counted_across_a_rotation(tm
     """LogFollower.bytes_between counts what a follower reads from one record boundary to another: within a
     generation, and across a rotation whose next generation starts with the records carried over from the
     previous one (read once, counted once); more than one generation on is unknown (infinite)."""
-    from tiered_recall.storage._wal import LogFollower
 
     wal = WriteAheadLog(str(tmp_path / "w"))
     records = [encode_rows(Rows(np.array([i]), vec(i), np.array([i]), [f"m{i}"], [None], [None], [None],
@@ -366,7 +367,7 @@ def test_the_bytes_a_follower_reads_to_a_record_are_counted_across_a_rotation(tm
         assert second == first + 1 and ends[3][0] == first
 
         def read_from(start, end):
-            follower = LogFollower(wal)
+            follower = LogFollower(wal.folder)
             try:
                 follower.seek(*start)
                 got = 0
@@ -382,11 +383,11 @@ def test_the_bytes_a_follower_reads_to_a_record_are_counted_across_a_rotation(tm
             for end in ends:
                 if end <= start:
                     continue
-                counted = LogFollower(wal).bytes_between(start, end)
+                counted = LogFollower(wal.folder).bytes_between(start, end)
                 # a position in the first generation reaches a record of the second through the carried copies
                 assert counted == read_from(start, end), (start, end)
-        assert LogFollower(wal).bytes_between(ends[2], ends[5]) == len(records[3]) + len(records[4]) + len(records[5])
-        assert LogFollower(wal).bytes_between((first - 1, HEADER_SIZE), ends[5]) == float("inf")
+        assert LogFollower(wal.folder).bytes_between(ends[2], ends[5]) == len(records[3]) + len(records[4]) + len(records[5])
+        assert LogFollower(wal.folder).bytes_between((first - 1, HEADER_SIZE), ends[5]) == float("inf")
     finally:
         wal.close()
 
@@ -399,7 +400,7 @@ def test_wal_options_are_checked(tmp_path):
 
 
 def test_log_format_round_trips_and_rejects_a_bad_header(tmp_path):
-    from tiered_recall.storage._wal import decode_rows, parse_records, read_header
+    from tiered_recall.sync import decode_rows, parse_records, read_header
     rows = Rows(np.array([1, 2]), np.vstack([vec(1), vec(2)]), np.array([5, 6]), ["a", "b"], [None, "s"],
                 ["user", None], ["ünïcode", "t"], [None, '{"k": 1}'])
     rec = encode_rows(rows)
@@ -444,7 +445,7 @@ def test_a_flush_counts_down_the_operations_it_consumed_not_the_ids_it_committed
 def test_logged_records_carry_their_bump_and_every_add_is_durable_past_its_record(tmp_path):
     """The coordinator certifies the hot tier from the bump inside each record (hot_writes.py), and a writer that an
     earlier fdatasync covered does not sync again: the log's durable position is past every acknowledged record."""
-    from tiered_recall.storage._wal import Deleted, LogFollower
+    from tiered_recall.sync import Deleted
     with ColdStore(tmp_path / "cold", dim=DIM, background=False) as store:
         add_bump = store.add(ids=[1, 2], vectors=np.vstack([vec(1), vec(2)]), namespaces=["a", "a"],
                              texts=["x", "y"], sessions=[None, None], roles=[None, None],
@@ -455,7 +456,7 @@ def test_logged_records_carry_their_bump_and_every_add_is_durable_past_its_recor
         assert deleted == 1 and moved_bump.namespaces == ("a", "b")  # the id's old namespace is touched too
         for bump in (add_bump, moved_bump, delete_bump):
             assert bump.record_end is not None and store._wal._synced() >= bump.record_end
-        reader = LogFollower(store._wal)
+        reader = LogFollower(store._wal.folder)
         reader.start_at(store._wal.generations()[-1])
         records = [r for kind, r in reader.poll() if kind in ("rows", "deleted")]
         reader.close()
@@ -475,13 +476,12 @@ def test_a_writer_syncs_while_another_holds_the_sync_lock(tmp_path, monkeypatch)
     import threading
 
     from tiered_recall.storage import _wal
-    from tiered_recall.storage._wal import LogFollower
 
     syncs = []
     real_fdatasync = os.fdatasync
     monkeypatch.setattr(_wal.os, "fdatasync", lambda fd: syncs.append(fd) or real_fdatasync(fd))
     with ColdStore(tmp_path / "cold", dim=DIM, background=False) as store:
-        reader = LogFollower(store._wal)
+        reader = LogFollower(store._wal.folder)
         assert not reader.has_more()  # not positioned yet: nothing read to be past
         reader.start_at(store._wal.generations()[-1])
         reader.poll()

@@ -245,7 +245,7 @@ def test_a_resync_clears_a_hot_row_the_cold_tier_lacks(open_memory, tmp_path):
 
 
 def test_hotset_fill_matches_put_one_by_one():
-    from tiered_recall.policies import HotSet
+    from tiered_recall.coordinator.placement import HotSet
 
     rng = np.random.default_rng(7)
     ids = rng.permutation(1000)[:50].astype(np.int64)

@@ -21,7 +21,7 @@ DIM = 16
 def write_lock_held_elsewhere(path, hold_s: float = 10.0):
     """The store's write lock held by a thread through another open file of it, which excludes this process as
     another process would, until the block ends or hold_s passes."""
-    from tiered_recall.coordinator.write_lock import StoreWriteLock
+    from tiered_recall.sync import StoreWriteLock
 
     held, release = threading.Event(), threading.Event()
 
@@ -218,7 +218,7 @@ def test_a_search_waits_briefly_for_the_lock_holder_instead_of_reading_the_cold_
     import threading
 
     from tiered_recall.coordinator import link as link_module
-    from tiered_recall.coordinator.write_lock import StoreWriteLock
+    from tiered_recall.sync import StoreWriteLock
 
     rng = np.random.default_rng(21)
     vectors = unit(rng, 3)
@@ -468,7 +468,7 @@ def test_with_no_core_to_spare_a_small_scope_is_answered_from_the_mirror_without
     core from one of them: a search whose scope the mirror scans exactly in a few rows is answered from it (rule
     "no-spare-core", path "cold"), exactly, without a request to the sidecar and without promotions. A scope past
     OWN_COPY_SCAN_MAX_ELEMENTS, a CUDA sidecar, or a spare core: the hot tier answers as before."""
-    from tiered_recall.coordinator import memory as memory_module
+    from tiered_recall.coordinator import search as search_module
     from tiered_recall.hot import HotTier
 
     rng = np.random.default_rng(31)
@@ -491,7 +491,7 @@ def test_with_no_core_to_spare_a_small_scope_is_answered_from_the_mirror_without
     assert int(hot._header.searches) == searches_before  # the sidecar was not asked
     assert memory.stats()["rows_moved"]["promoted"] == promoted_before
 
-    monkeypatch.setattr(memory_module, "OWN_COPY_SCAN_MAX_ELEMENTS", 10 * DIM)  # "n" (21 rows) is now too large
+    monkeypatch.setattr(search_module, "OWN_COPY_SCAN_MAX_ELEMENTS", 10 * DIM)  # "n" (21 rows) is now too large
     report = memory.search(vectors[3], k=5, namespace="n", explain=True)
     assert report.rule != "no-spare-core" and int(hot._header.searches) == searches_before + 1
     assert memory.search(vectors[22], k=3, namespace="m", explain=True).rule == "no-spare-core"  # 10 rows fit

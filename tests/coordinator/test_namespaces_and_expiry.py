@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tiered_recall import InvalidInput
-from tiered_recall.coordinator import memory as memory_module
+from tiered_recall.coordinator import search as search_module
 from tiered_recall.namespaces import namespace_labels, namespace_name
 
 pytestmark = pytest.mark.lancedb
@@ -48,7 +48,7 @@ def test_a_tuple_namespace_is_stored_by_its_labels_and_a_slashed_name_is_the_sam
 @pytest.mark.parametrize("namespaces, fanout_max", [(4, 64), (20, 64), (20, 0)],
                          ids=["fan-out", "fan-out-20", "one-filtered-search"])
 def test_prefix_search_is_exact_through_both_tiers(open_memory, monkeypatch, namespaces, fanout_max):
-    monkeypatch.setattr(memory_module, "PREFIX_FANOUT_MAX", fanout_max)  # both ways of searching a prefix
+    monkeypatch.setattr(search_module, "PREFIX_FANOUT_MAX", fanout_max)  # both ways of searching a prefix
     memory = open_memory(hot_capacity=60)  # fewer rows than the store: some namespaces are cold-only or partial
     rng = np.random.default_rng(namespaces)
     rows: dict[int, tuple[tuple[str, ...], np.ndarray]] = {}

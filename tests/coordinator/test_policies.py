@@ -10,7 +10,8 @@ import pytest
 
 from tiered_recall import InvalidInput
 from tiered_recall.namespaces import namespace_hash
-from tiered_recall.policies import (LFU, LRU, HotSet, NamespacePolicy, RecencyWindow, _posterior_rates, _zipf_law,
+from tiered_recall.coordinator.placement import HotSet
+from tiered_recall.policies import (LFU, LRU, NamespacePolicy, RecencyWindow, _posterior_rates, _zipf_law,
                                     fit_zipf_exponent, resolve_policy, zipf_read_rates)
 from tiered_recall.scoring import Boost, Scoring
 
@@ -52,7 +53,7 @@ def test_a_cpu_sidecar_with_no_core_to_spare_gets_no_promotions(open_memory, mon
     """While the processes at work fill the cores (HotTier.no_spare_core), a search that read the cold tier promotes
     none of its cold hits into a CPU sidecar: the promotion would hold the store's write lock across a round trip to
     the sidecar. The hits are returned as ever; a CUDA sidecar, or a spare core, gets them promoted as before."""
-    from tiered_recall.coordinator import memory as memory_module
+    from tiered_recall.coordinator import search as search_module
     from tiered_recall.hot import HotTier
 
     rng = np.random.default_rng(41)
@@ -60,7 +61,7 @@ def test_a_cpu_sidecar_with_no_core_to_spare_gets_no_promotions(open_memory, mon
     x = unit_rows(rng, 10)
     add_one_by_one(memory, x, range(10))
     assert hot_ids(memory, range(10)) == {5, 6, 7, 8, 9}
-    monkeypatch.setattr(memory_module, "OWN_COPY_SCAN_MAX_ELEMENTS", 0)  # no scope is answered from the mirror
+    monkeypatch.setattr(search_module, "OWN_COPY_SCAN_MAX_ELEMENTS", 0)  # no scope is answered from the mirror
     monkeypatch.setattr(HotTier, "no_spare_core", property(lambda self: True))
     for i in (0, 1):
         report = memory.search(x[i], k=1, namespace="n", explain=True)
@@ -88,7 +89,7 @@ def test_a_cold_path_whose_sidecar_handle_was_dropped_on_the_way_still_promotes(
     add_one_by_one(memory, x, range(10))
     hot = memory._link.hot
     memory._link.drop("the test dropped the sidecar's handle")  # closes `hot`, as a failed repair does
-    memory._after_cold_path(hot, "n", [(1.0, 0, "cold")], trusted=True)
+    memory._search.after_cold_path(hot, "n", [(1.0, 0, "cold")], trusted=True)
     assert memory._link.hot is not None and 0 in hot_ids(memory, range(10))
     assert memory.stats()["rows_moved"]["promoted"] == 1
 

@@ -102,7 +102,6 @@ def refreshed(memory: "TieredMemory", memories: list[Memory]) -> dict[int, Memor
     """Each memory written again as it is, its time to live started again from now; {id: the new Memory}."""
     if not memories:
         return {}
-    memory._check_writable()
     out: dict[int, Memory] = {}
     groups: dict[tuple[str, float], list[Memory]] = {}
     for m in memories:
@@ -112,28 +111,27 @@ def refreshed(memory: "TieredMemory", memories: list[Memory]) -> dict[int, Memor
         kept = [(m, v) for m, v in zip(group, vectors) if v is not None]  # deleted meanwhile: nothing to refresh
         if not kept:
             continue
-        memory.add([m.text for m, _ in kept], vectors=np.stack([v for _, v in kept]), namespace=namespace,
-                   ids=[m.id for m, _ in kept], session=[m.session for m, _ in kept],
-                   role=[m.role for m, _ in kept], metadata=[m.metadata for m, _ in kept],
-                   created_at=[m.created_at for m, _ in kept], ttl=ttl)
-        out.update(memory._cache.lookup([m.id for m, _ in kept]))
+        ids = memory.add([m.text for m, _ in kept], vectors=np.stack([v for _, v in kept]), namespace=namespace,
+                         ids=[m.id for m, _ in kept], session=[m.session for m, _ in kept],
+                         role=[m.role for m, _ in kept], metadata=[m.metadata for m, _ in kept],
+                         created_at=[m.created_at for m, _ in kept], ttl=ttl)
+        out.update((i, m) for i, m in zip(ids, memory.get(ids)) if m is not None)
     return out
 
 
 def sweep_expired(memory: "TieredMemory", candidates: set[int]) -> int:
     """Deletes the expired memories among candidates and among every memory with a time to live; each is read again
-    while no other process can write (the store's write lock, and the log's locks that logged writes take), so one
-    that another process has just refreshed is kept."""
-    if memory._closed or memory.read_only:
+    while no other writer can write (TieredMemory.exclusive_writes), so one that another process has just refreshed
+    is kept."""
+    if memory.closed or memory.read_only:
         return 0
     ids = set(candidates) | {int(i) for i in memory.cold.ids_where(HAS_EXPIRY_SQL)}
     if not ids:
         return 0
-    with memory._lock, memory._write_lock.held(), memory.cold.writes_paused():
+    with memory.exclusive_writes():
         now_us = time.time_ns() // 1000
         rows = memory.cold.get(np.fromiter(ids, dtype=np.int64, count=len(ids)))
         expired = [int(r["id"]) for r in rows if r is not None and memory_of(r).expired(now_us)]
         if not expired:
             return 0
-        memory._cache.drop(expired)
         return memory.delete(expired)

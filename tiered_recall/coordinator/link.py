@@ -2,7 +2,6 @@
 that left it behind, hand it what was written while it was away, and report what could not be had."""
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -16,11 +15,8 @@ import numpy as np
 from ..errors import InvalidInput, SidecarUnavailable, TieredRecallError
 from ..namespaces import namespace_hash
 from ..hot import HotTier, sidecar_args, sidecar_executable, start_sidecar
-from ..storage._generations import slot_of
-from .certificates import HotCertificates, repair
-from .hot_writes import LoggedWrites
-from .placement import Placement
-from .write_lock import StoreWriteLock
+from ..sync import HotCertificates, LoggedWrites, StoreWriteLock, exclusive, repair, slot_of
+from .placement import Placement, publish_totals
 
 logger = logging.getLogger("tiered_recall")
 
@@ -111,7 +107,7 @@ class HotLink:
         self.option = option  # how the caller spells an option (API keyword or CLI flag)
         self.sidecar_name = sidecar_name_of(path)
         self.certs = HotCertificates(path, cold.generations) if device != "none" else None
-        self.logged = LoggedWrites(cold, placement, self.certs, publish_totals) if self.certs is not None else None
+        self.logged = LoggedWrites(cold, placement, self.certs) if self.certs is not None else None
         self.hot: HotTier | None = None
         self.epoch = (0, 0)  # the attached sidecar's instance, which the certificates must name
         self.error: str | None = None
@@ -159,8 +155,7 @@ class HotLink:
     def _attach(self) -> HotTier:
         # the write lock first (the order add() takes them in): warming publishes totals, which must not
         # interleave with another process's commit-then-publish
-        with self.write_lock.held(), open(self.path / SIDECAR_LOCK_FILE, "a+") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
+        with self.write_lock.held(), exclusive(self.path / SIDECAR_LOCK_FILE):
             started = False
             try:
                 hot = HotTier.attach(self.sidecar_name, dim=self.dim, timeout_s=self.timeout_s)
@@ -236,8 +231,8 @@ class HotLink:
         """Fills a fresh hot tier and publishes totals: the namespaces the policy keeps whole first
         (Policy.warm_namespaces), then the most recent rows of the cold tier while there is room; then certifies
         it at the write generations read (with the log's position) before the cold tier was; what was logged since
-        is applied by the next holder of the lock (hot_writes.py). Under the write lock: a total read here and published after another process's add would be
-        stale."""
+        is applied by the next holder of the lock (sync/group_commit.py). Under the write lock: a total read here
+        and published after another process's add would be stale."""
         with self.write_lock.held():
             self.certs.invalidate()
             position, snap = self.cold.log_snapshot()
@@ -330,7 +325,7 @@ class HotLink:
             return snap is not None
         return self.certs.current_at(slot, snap, self.epoch)
 
-    # ---- the hot side of writes (group commit: hot_writes.py) ----
+    # ---- the hot side of writes (group commit: sync/group_commit.py) ----
     def publish(self, bump, own_side=None) -> bool:
         """After a write to the cold tier: gives the hot tier its side of it and of every write logged before it
         (any process's), or leaves it to others. False only when the hot tier could not be reached (the caller
@@ -464,8 +459,3 @@ class HotLink:
             self.logged.close()
         if self.certs is not None:
             self.certs.close()
-
-
-def publish_totals(hot: HotTier, counts: dict[str, int]) -> None:
-    """Tells every process the total rows (both tiers) of namespaces."""
-    hot.set_namespace_totals({namespace_hash(ns): n for ns, n in counts.items()})

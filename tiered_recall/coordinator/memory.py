@@ -1,5 +1,6 @@
-"""TieredMemory: the public API of a store, a facade that asks the hot sidecar first, the LanceDB cold tier when it
-must, and merges (the parts: link.py, placement.py, rules.py, validate.py, records.py, store_folder.py)."""
+"""TieredMemory: the public API of a store, a facade over its parts: the checks of every argument (validate.py),
+the folder (store_folder.py), the cold tier, the link to the sidecar (link.py), the placement policy (placement.py),
+the search path (search.py, decided by planner.py), the memory cache (records.py) and the expiry sweep (expiry.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,66 +9,38 @@ import secrets
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from ..embedders import E5Embedder, Embedder, resolve_embedder, spec_of_stored_name
-from ..errors import InvalidInput, ReadOnlyStore, SidecarUnavailable, TieredRecallError
-from ..namespaces import namespace_hash, select_namespaces, under_prefix
+from ..errors import InvalidInput, ReadOnlyStore, SidecarUnavailable
+from ..namespaces import namespace_hash, select_namespaces
 from ..policies import Policy, resolve_policy
 from ..scoring import Scoring
-from . import rules as R
+from ..sync import Rows, StoreWriteLock, encode_metadata
 from . import validate as check
-from .link import HotLink, backend_for, publish_totals, require_cuda
-from .placement import Placement
 from .expiry import DEFAULT_SWEEP_S, ExpirySweeper, refreshed, sweep_expired
+from .link import HotLink, backend_for, require_cuda
 from .metrics import MetricsRecorder, StoreMetrics, span, tracing
-from .records import EXPIRES_KEY, TTL_KEY, Hit, Memory, MemoryCache, PathStats, SearchReport, hit_of, make_memory, memory_of
+from .placement import Placement, publish_totals
 from .presets import PRESET_EMBEDDER, PRESET_OF_EMBEDDER_NAME, Preset, resolve_preset
-from .stages import Candidate, Stages, fuse, rerank
+from .records import EXPIRES_KEY, TTL_KEY, Hit, Memory, MemoryCache, SearchReport, make_memory, memory_of
+from .search import TieredSearch, query_vector
+from .stages import Stages
 from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only, stored_embedder_name
-from .write_lock import StoreWriteLock
 
 DEFAULT_HOT_CAPACITY = 100_000
 ORPHAN_GRACE_S = 10.0
 _ROW_OVERHEAD_BYTES = 24  # id, namespace hash, created_at per hot row
 # How messages name the options of TieredMemory(...); the CLI passes its own flags.
 API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_only": "read_only"}
-# A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
-# answers; over more it is one cold-tier search filtered to the namespaces (docs/frameworks.md gives the figures).
-PREFIX_FANOUT_MAX = 64
-# A CPU sidecar with no spare core (HotTier.no_spare_core): a scope whose exact scan of this process's mirror reads at
-# most this many elements (rows x dim; 1 MiB of float32, about 0.1 ms of numpy) is answered from the mirror, since the
-# round trip then costs a wait for a core and its context switches. Larger scopes still go to the sidecar.
-OWN_COPY_SCAN_MAX_ELEMENTS = 1 << 18
 # A sidecar polls for a while after each answer (its --idle-spin-us, 2 ms by default), betting that the next search
 # follows at once. Beside E5, whose query takes milliseconds on the same cores (onnxruntime) or the same GPU (torch:
 # the persistent kernel holds every SM while it polls), most of that polling only delays the next query's embedding;
 # a sidecar started for an E5 store polls long enough for searches by vector that follow each other, then sleeps.
 SIDECAR_SPIN_BESIDE_E5_US = 250
-
-
-def _within(names: list[str], where: str | None) -> str:
-    """A cold-tier filter to these namespaces (at least one), and to `where` when given."""
-    listed = "namespace IN (" + ", ".join(R.sql_string(n) for n in names) + ")"
-    return listed if where is None else f"({where}) AND {listed}"
-
-
-@dataclass
-class _HotAnswer:
-    """The hot side of one search: its candidates, the rule that decided, whether they may be trusted, and whether
-    the hot tier was asked at all."""
-
-    ids: np.ndarray
-    scores: np.ndarray
-    rule: str
-    trusted: bool
-    hot_kth: float | None = None
-    cold_bound: float | None = None
-    asked: bool = True
 
 
 class TieredMemory:
@@ -160,13 +133,17 @@ class TieredMemory:
                              cache=self._cache, moves=self._moves, option=self._opt,
                              idle_spin_us=SIDECAR_SPIN_BESIDE_E5_US if isinstance(self.embedder, E5Embedder) else None)
         self.sidecar_name = self._link.sidecar_name
-        self._stats, self._rule_stats = PathStats(), PathStats()
         self._closed = False
         self._attach_at_open(device)
         self._expiry = ExpirySweeper(lambda candidates: sweep_expired(self, candidates), ttl_sweep_s)
         if not self.read_only:
             self._expiry.start()
         self._metrics = MetricsRecorder(self.path, self._gauges, writable=not self.read_only)
+        self._search = TieredSearch(self, rules=self.rules, confidence=self.confidence, scoring=self.scoring,
+                                    policy=self.policy, cold=self.cold, link=self._link, placement=self._placement,
+                                    cache=self._cache, lock=self._lock, write_lock=self._write_lock,
+                                    moves=self._moves, expiry=self._expiry, metrics=self._metrics,
+                                    refresh=lambda memories: refreshed(self, memories))
         # Other processes' rows, read once in the background: a search that returns them then reads no disk.
         self._closing = False
         self._warmer = threading.Thread(target=self._warm_cache, name="tiered-recall-warm", daemon=True)
@@ -244,13 +221,14 @@ class TieredMemory:
             expires_us = time.time_ns() // 1000 + int(ttl * 1e6)
             metas = [{**(meta or {}), EXPIRES_KEY: expires_us, TTL_KEY: ttl} for meta in metas]
         self._check_writable()
-        # A logged add takes the store's write lock only for the hot side (group commit, hot_writes.py); one that
+        # Every value was checked above, once: the cold tier takes the rows as they are (ColdStore.add_rows).
+        rows = Rows(id_arr, vecs, created, [namespace] * n, sessions, roles, text_list,
+                    [encode_metadata(meta) for meta in metas])
+        # A logged add takes the store's write lock only for the hot side (group commit, sync/group_commit.py); one that
         # bypasses the log holds it throughout, so its hot side keeps its place in the log's order.
         direct = not self.cold.writes_logged(rows=n)
         with self._lock, (self._write_lock.held() if direct else contextlib.nullcontext()):
-            bump = self.cold.add(ids=id_arr, vectors=vecs, namespaces=[namespace] * n, texts=text_list,
-                                 sessions=sessions, roles=roles, created_at_us=created, metadata=metas,
-                                 new_ids=ids is None)
+            bump = self.cold.add_rows(rows, new_ids=ids is None)
             self._placement.tick += 1
             for i in range(n):
                 self._cache.remember(make_memory(int(id_arr[i]), text_list[i], namespace, sessions[i], roles[i],
@@ -282,7 +260,7 @@ class TieredMemory:
             return 0
         self._check_writable()
         # Every delete's record carries its bump (a logged one, or the note of one that bypassed the log), so its
-        # hot side is applied from the log like an add's (hot_writes.py).
+        # hot side is applied from the log like an add's (sync/group_commit.py).
         direct = not self.cold.writes_logged(delete=True)
         with self._lock, (self._write_lock.held() if direct else contextlib.nullcontext()):
             listed = [int(i) for i in id_arr]
@@ -293,6 +271,20 @@ class TieredMemory:
             self._link.publish(bump)
             self._link.note_own_write(bump)
         return int(deleted)
+
+    @contextlib.contextmanager
+    def exclusive_writes(self) -> Iterator[None]:
+        """Holds every writer of the store off for the with block (this process's other threads and other
+        processes: the store's write lock and the log's locks) while this thread's own adds and deletes go through:
+        for a read-then-write that must not interleave with other writers, such as the expiry sweep's."""
+        self._check_open()
+        with self._lock, self._write_lock.held(), self.cold.writes_paused():
+            yield
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return self._closed
 
     def _check_writable(self) -> None:
         if self.read_only:
@@ -452,304 +444,19 @@ class TieredMemory:
         return hits
 
     def _search_live(self, query: Any, k: int, namespace: str | None, prefix: str | None, where: str | None,
-                     hybrid: bool, refresh_ttl: bool, stages: Stages | None = None
-                     ) -> tuple[list[Hit], R.Answer, float]:
-        """The k best live memories (expired ones stepped over by searching deeper), the answer that decided them,
-        and the seconds it took; recorded in the store's metrics."""
-        t0 = time.perf_counter()
-        q = self._query_vector(query)
-        text = query if hybrid else None
-        fetch = k
-        while True:
-            if stages is not None:
-                answer = self._search_staged(q, query, fetch, namespace, prefix, where, stages)
-            elif prefix is None and text is None:
-                answer = self._search_one(q, fetch, namespace, where)
-            else:
-                answer = self._search_scope(q, text, fetch, namespace, prefix, where)
-            now_us = time.time_ns() // 1000
-            expired = [h.id for h in answer.hits if h.expires_at is not None and
-                       h.expires_at.timestamp() * 1e6 <= now_us]
-            if not expired:
-                break
-            self._expiry.found(expired)
-            if len(answer.hits) < fetch:  # every live memory of the scope is in this answer
-                break
-            if fetch >= check.MAX_K:  # as deep as a search goes: delete them now, then search again
-                if self.read_only:
-                    break
-                self._expiry.run_once()
-                fetch = k
-                continue
-            fetch = min(check.MAX_K, max(2 * fetch, k + 2 * len(expired)))
-        if expired:
-            gone = set(expired)
-            hits = [h for h in answer.hits if h.id not in gone][:k]
-        else:
-            hits = answer.hits[:k]
-        if refresh_ttl and any(h.ttl_s is not None for h in hits):
-            fresh = refreshed(self, [m for m in self.get([h.id for h in hits if h.ttl_s is not None])
-                                     if m is not None])
-            hits = [hit_of(fresh[h.id], h.score, h.tier) if h.id in fresh else h for h in hits]
-        seconds = time.perf_counter() - t0
-        self._stats.record(answer.path, seconds)
-        self._rule_stats.record(answer.rule, seconds)
-        self._metrics.observe_search(answer.path, answer.rule, seconds)
-        return hits, answer, seconds
-
-    def _search_scope(self, q: np.ndarray, text: str | None, k: int, namespace: str | None, prefix: str | None,
-                      where: str | None) -> R.Answer:
-        """One search of a namespace, of every namespace under a prefix, or of the whole store."""
-        if prefix is None:
-            return self._search_hybrid(q, text, k, namespace, where) if text is not None else \
-                self._search_one(q, k, namespace, where)
-        names = self._names_under(prefix)
-        if not names:
-            return R.Answer([], "cold", "cold", None, None)
-        if text is None and where is None and len(names) <= PREFIX_FANOUT_MAX:
-            # Each namespace's answer is exact, so the best k of their union are the scope's best k.
-            return R.union_of_answers([self._search_one(q, k, name, None) for name in names], k)
-        scoped = _within(names, where)
-        return self._search_hybrid(q, text, k, None, scoped) if text is not None else \
-            self._search_one(q, k, None, scoped)
-
-    def _names_under(self, prefix: str) -> list[str]:
-        """The store's namespaces under a prefix, sorted."""
-        return sorted(n for n in self.cold.namespace_counts() if under_prefix(n, prefix))
-
-    def _search_staged(self, q: np.ndarray, text: str, k: int, namespace: str | None, prefix: str | None,
-                       where: str | None, stages: Stages) -> R.Answer:
-        """The retrieval stages over an exact pool: the tiered vector search's best `pool` (the skip rules hold for
-        it), fused with the cold tier's BM25 ranking when the stages ask, then re-ranked (coordinator/stages.py). The
-        placement policy is told of the hits returned, not of the whole pool."""
-        depth = max(stages.pool, k)
-        ranking_depth = max(stages.depth, depth) if stages.bm25_weight else depth  # fused this deep, then pooled
-        if prefix is None:
-            ranked, memories, answer, path = self._ranked_one(q, ranking_depth, namespace, where, use=False)
-            vector = [(i, score, tier) for score, i, tier in ranked if i in memories]
-            rule, hot_kth, cold_bound = answer.rule, answer.hot_kth, answer.cold_bound
-        else:
-            scoped_answer = self._search_scope(q, None, ranking_depth, namespace, prefix, where)
-            memories = {hit.id: hit for hit in scoped_answer.hits}
-            vector = [(hit.id, hit.score, hit.tier) for hit in scoped_answer.hits]
-            rule, path = scoped_answer.rule, scoped_answer.path
-            hot_kth, cold_bound = scoped_answer.hot_kth, scoped_answer.cold_bound
-        tier_of = {i: tier for i, _, tier in vector}
-        if stages.bm25_weight:
-            names = None if prefix is None else self._names_under(prefix)
-            keyword_ids = [] if names == [] else self.cold.text_search(
-                text, k=ranking_depth, namespace=namespace, where=where if names is None else _within(names, where)
-            )[0].tolist()
-            fused = fuse([i for i, _, _ in vector], keyword_ids, stages.bm25_weight)
-            pooled = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
-            missing = [i for i, _ in pooled if i not in memories]
-            if missing:  # ranked by BM25 alone; the vector pool's expired memories are the caller's to step over
-                with self._lock:
-                    found = self._cache.lookup(missing)
-                now_us = time.time_ns() // 1000
-                memories.update((i, m) for i, m in found.items() if not m.expired(now_us))
-        else:
-            pooled = [(i, score) for i, score, _ in vector[:depth]]
-        candidates = [Candidate(i, score, (m := memories[i]).text, m.session, m.metadata)
-                      for i, score in pooled if i in memories]
-        chosen = rerank(candidates, text, k, stages)
-        with self._lock:
-            self._placement.use(c.id for c, _ in chosen if tier_of.get(c.id) == "hot")
-        hits = [hit_of(memories[c.id], score, tier_of.get(c.id, "cold")) for c, score in chosen]
-        return R.Answer(hits, rule, path, hot_kth, cold_bound)
-
-    def _search_one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None) -> R.Answer:
-        """The tiered search of one scope (a namespace, or all): the hot tier, the skip rules, the cold tier when
-        no rule proves the hot answer exact, the merge and the ranking."""
-        ranked, found, answer, path = self._ranked_one(q, k, namespace, where, use=True)
-        hits = [hit_of(m, score, tier) for score, i, tier in ranked if (m := found.get(i)) is not None]
-        return R.Answer(hits, answer.rule, path, answer.hot_kth, answer.cold_bound)
-
-    def _ranked_one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None, *,
-                    use: bool) -> tuple[list, dict[int, Memory], "_HotAnswer", str]:
-        """_search_one's work: the ranked (score, id, tier) triples, the memories by id, the hot answer and the path.
-        use=False leaves the placement policy untold (a caller that keeps only some of them tells it itself)."""
-        scoring = self.scoring
-        fetch = k if scoring is None else min(check.MAX_K, k * scoring.candidates)
-        now_us = time.time_ns() // 1000
-        with self._lock:
-            placement = self._placement
-            placement.tick += 1
-            if namespace is not None:
-                self.policy.observe(namespace, placement.tick)
-            hot = self._link.ensure()
-            if hot is not None:
-                hot.note_work()
-            answer = self._hot_answer(hot, q, k, fetch, namespace, now_us) if hot is not None and where is None \
-                else _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-hot", False)
-            hot = self._link.hot
-            cold = None if answer.rule in ("complete", "bound", "threshold") else \
-                self.cold.search(q, k=fetch, namespace=namespace, where=where)
-            candidates = R.merge(answer.ids, answer.scores, None if cold is None else cold[0],
-                                 None if cold is None else cold[1], trust_hot=answer.trusted)
-            found = self._cache.lookup(i for _, i, _ in candidates)
-            ranked = R.rank(candidates, found, scoring, now_us, k)
-            if use:
-                placement.use(i for _, i, tier in ranked if tier == "hot")
-            path = "hot" if cold is None else ("hot+cold" if answer.rule == "cold" and answer.asked else "cold")
-            if answer.rule == "cold" and hot is not None:  # not after "no-spare-core": nothing was missed
-                self._after_cold_path(hot, namespace, ranked, answer.trusted)
-        return ranked, found, answer, path
-
-    def _query_vector(self, query: Any) -> np.ndarray:
-        if isinstance(query, str):
-            text = check.query_text(query, self.embedder is not None)
-            return check.embedded_rows(self.embedder.embed_queries([text]), 1, self.dim)[0]
-        return check.unit_query(query, self.dim)
-
-    def _search_hybrid(self, q: np.ndarray, text: str, k: int, namespace: str | None,
-                       where: str | None) -> R.Answer:
-        with self._lock:
-            ids, scores = self.cold.search(q, k=k, namespace=namespace, where=where, text=text)
-            found = self._cache.lookup(int(i) for i in ids)
-        hits = [hit_of(m, float(sc), "cold") for i, sc in zip(ids, scores) if (m := found.get(int(i))) is not None]
-        return R.Answer(hits, "hybrid", "cold", None, None)
-
-    def _hot_answer(self, hot, q: np.ndarray, k: int, fetch: int, namespace: str | None, now_us: int) -> _HotAnswer:
-        """The hot tier's candidates and the rule they answer by. The certificate is read before the hot answer and
-        checked again after it and its counts: a write that began in between (any process's) makes it "cold"."""
-        link, placement = self._link, self._placement
-        if self._own_copy_cheaper(hot, namespace):
-            return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-spare-core", True, asked=False)
-        try:
-            if not self._hot_may_answer(hot, namespace):
-                # No rule could skip the cold tier, which is then searched alone: its answer is exact over every
-                # memory, so hot candidates would add nothing but a round trip, and a catch-up nothing this
-                # search can use (rule 1's counts are published as records are applied: a record waiting to be
-                # applied leaves them equal, so such a scope still catches up).
-                return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "cold", True, asked=False)
-            ns_hash = None if namespace is None else namespace_hash(namespace)
-            token = link.token(ns_hash)
-            if token is None:
-                token = link.catch_up(ns_hash)
-                if link.hot is not hot:  # the catch-up found the sidecar gone (and closed this handle)
-                    return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-hot", False)
-                if token is None:  # uncertified hot rows are never merged (rules.merge): no need to ask for them
-                    return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "cold", False)
-            fetched = min(fetch, hot.max_k)
-            res = hot.search(q, k=fetched, namespace_hash=ns_hash)
-            ids, scores = res.ids[0, : res.hits], res.scores[0, : res.hits]
-            complete = token is not None and "complete" in self.rules and self._hot_is_complete(hot, namespace)
-            kth, unfetched, bound = None, -np.inf, None
-            if not complete and ("bound" in self.rules or "threshold" in self.rules):
-                finals = self._finals(ids, scores, now_us)
-                max_bonus = 0.0 if self.scoring is None else self.scoring.max_bonus(None, now_us)
-                kth, unfetched = R.hot_kth(scores, k, fetched, finals, max_bonus)
-                if "bound" in self.rules and token is not None and self._bounds_usable(hot, namespace):
-                    bound = placement.cold_bound(q, namespace, self.scoring, now_us)
-            certified = token is not None and link.still(token)
-            evidence = R.Evidence(certified, complete, bound is not None, kth, bound, unfetched, hot.dtype == "f16")
-            return _HotAnswer(ids, scores, R.decide(self.rules, self.confidence, evidence), certified, kth, bound)
-        except SidecarUnavailable as exc:
-            link.drop(str(exc))
-            return _HotAnswer(np.empty(0, np.int64), np.empty(0, np.float32), "no-hot", False)
-
-    def _finals(self, ids: np.ndarray, scores: np.ndarray, now_us: int) -> list[float] | None:
-        """The hot candidates' final scores under the store's Scoring, best first (None without one)."""
-        if self.scoring is None:
-            return None
-        found = self._cache.lookup(int(i) for i in ids)
-        return sorted((self.scoring.score(float(s), found[int(i)], now_us) for i, s in zip(ids, scores)
-                       if int(i) in found), reverse=True)
-
-    def _own_copy_cheaper(self, hot, namespace: str | None) -> bool:
-        """A CPU sidecar with no core to spare (HotTier.no_spare_core), and a scope the cold tier answers by an exact
-        scan of this process's mirror of at most OWN_COPY_SCAN_MAX_ELEMENTS: the mirror answers (rule
-        "no-spare-core", path "cold"), exact like every cold answer, and the sidecar is not asked. Its round trip
-        would take a core from a client (the sidecar's scan) and cost the caller a wait for one; the scan here costs
-        less. Nothing was missed, so nothing is promoted."""
-        if not self._sidecar_takes_a_core(hot):
-            return False
-        rows = self.cold.exact_scan_rows(namespace)
-        return rows is not None and rows * self.dim <= OWN_COPY_SCAN_MAX_ELEMENTS
-
-    @staticmethod
-    def _sidecar_takes_a_core(hot) -> bool:
-        """A CPU sidecar with no core to spare (HotTier.no_spare_core): whatever it is asked to do (a scan, a
-        promotion's rows) takes a core from a client, and its caller waits for a core to run again."""
-        return hot.backend == "cpu" and hot.no_spare_core
-
-    def _hot_may_answer(self, hot, namespace: str | None) -> bool:
-        """Whether some rule could answer the scope from the hot tier, judged before asking it: the threshold rule
-        (it needs the hot scores), counts that say the hot tier holds the whole scope, or bounds that cover its
-        cold-only rows. Each is checked again, with the certificate, after the hot answer."""
-        if "threshold" in self.rules and self.confidence is not None:
-            return True
-        if "complete" in self.rules and self._hot_is_complete(hot, namespace, as_followed=True):
-            return True
-        return "bound" in self.rules and self._bounds_usable(hot, namespace)
-
-    def _hot_is_complete(self, hot, namespace: str | None, *, as_followed: bool = False) -> bool:
-        """Rule 1: the hot tier holds every memory of the namespace (every process sees the same counts).
-        as_followed: over every namespace, compare with the rows as this process last followed them instead of
-        reading the log for an exact count (a hint for _hot_may_answer; True when no count is at hand)."""
-        if self._link.backlog:
-            return False
-        if namespace is None:
-            total = self.cold.count_followed() if as_followed else self.cold.count()
-            return total is None or hot.hot_rows == total
-        hot_rows, total_rows = hot.namespace_rows(namespace_hash(namespace))
-        return hot_rows == total_rows
-
-    def _bounds_usable(self, hot, namespace: str | None) -> bool:
-        placement = self._placement
-        return placement.tracking_ok(hot, self.cold.generations.writes(), bool(self._link.backlog)) \
-            and placement.counts_agree(hot, namespace)
-
-    def _after_cold_path(self, hot, namespace: str | None, ranked: list, trusted: bool) -> None:
-        """The disk was read anyway: repair a stale slot, promote per policy, and tighten or resync the bounds."""
-        link, placement = self._link, self._placement
-        if not trusted:
-            link.repair(namespace)
-        # What is already hot is not promoted again: an uncertified hot answer makes every hit "cold", and taking the
-        # write lock to re-place rows the hot tier holds only makes the writers queue behind the search.
-        whole = namespace is not None and self.policy.whole_namespace(namespace, placement.tick, hot.capacity)
-        if whole:
-            wanted = placement.namespace_to_load(namespace)
-        else:
-            cold_hits = placement.not_hot([i for _, i, tier in ranked if tier == "cold"]) if self.policy.promote else []
-            wanted = bool(cold_hits)
-        # No promotion into a sidecar whose work takes a core from a client: it would hold the store's write lock,
-        # which the writers whose hot side is due queue behind, across that round trip, for rows that the searches
-        # of such a machine mostly take from their own copy (_own_copy_cheaper). Cold hits promote again once a core
-        # is spare. The repair above may have dropped (and closed) the handle the search used: ask the link's.
-        current = link.hot
-        if wanted and current is not None and self._sidecar_takes_a_core(current):
-            self._moves["promotions_skipped"] += 1
-        elif wanted:
-            with self._write_lock.held(wait=False) as got:  # a writer is at work: promote on a later cold hit
-                if got and whole:
-                    link.call(lambda h: placement.promote_namespace(h, namespace))
-                elif got:
-                    link.call(lambda h: placement.promote(h, cold_hits))
-        if "bound" not in self.rules or link.hot is None:
-            return
-        try:
-            writes = self.cold.generations.writes()
-            if not placement.tracking_ok(link.hot, writes, bool(link.backlog)):
-                if placement.resync_due(writes):
-                    placement.resync(link.hot, write_lock=self._write_lock, rewarm=link.rewarm, cache=self._cache)
-            elif namespace is not None:
-                nb = placement.bounds.by_namespace.get(namespace)
-                if nb is not None and nb.loose:
-                    placement.rebuild_bound(namespace)
-        except SidecarUnavailable as exc:
-            link.drop(str(exc))
-        except TieredRecallError as exc:
-            link.error = str(exc)
-            placement.invalidate()
+                     hybrid: bool, refresh_ttl: bool, stages: Stages | None):
+        """The query embedded (or checked), then the search path (search.py) over its scope."""
+        started = time.perf_counter()
+        q = query_vector(query, self.embedder, self.dim)
+        return self._search.live(q, query if isinstance(query, str) else None, k, namespace, prefix, where, hybrid,
+                                 refresh_ttl, stages, started)
 
     # ---- reports and life cycle --------------------------------------------------------------
     def stats(self) -> dict:
         """Rows per tier, how often the hot tier answered alone, latency per search path, and what the hot tier
         could not give (hot_error, hot_warnings)."""
         self._check_open()
-        paths = self._stats.summary()
+        paths = self._search.paths.summary()
         searches = sum(v["searches"] for v in paths.values())
         hot_only = paths.get("hot", {}).get("searches", 0)
         hot = self._link.ensure()
@@ -768,7 +475,7 @@ class TieredMemory:
             "searches": searches,
             "hot_hit_rate": (hot_only / searches) if searches else None,
             "latency": paths,
-            "rules": self._rule_stats.summary(),
+            "rules": self._search.rule_seconds.summary(),
             "rows_moved": dict(self._moves),
             # the hot side of logged writes this process applied for every process (group commit)
             "hot_writes": self._link.logged.figures() if self._link.logged is not None else None,

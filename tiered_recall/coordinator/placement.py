@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Iterable
 
 import numpy as np
 
 from ..namespaces import namespace_hash
-from ..policies import LFU, HotSet, Policy
+from ..policies import LFU, Policy
+from ..sync import NewestRows
 from .bounds import BoundIndex
 
 RESYNC_EVERY_S = 2.0  # at most this often, rebuild hot-set tracking and bounds after another process wrote
@@ -213,6 +215,18 @@ class Placement:
         if deleted != tracked:
             self.invalidate()
 
+    def apply(self, hot, removed: list[int], newest: NewestRows | None, namespaces: set[str] | None) -> None:
+        """The hot side of a batch of logged writes (sync.HotSide, for the group commit): the totals of the namespaces
+        touched (None: every namespace) read, removed ids deleted, the totals published, the newest rows placed."""
+        totals = self.cold.namespace_counts() if namespaces is None else self.cold.counts(namespaces)
+        self.policy.set_sizes(totals)
+        if removed:
+            self.hot_delete(hot, removed)
+            self.bounds.discard(removed)
+        publish_totals(hot, totals)
+        if newest is not None:
+            self.place(hot, newest.ids, newest.vectors, newest.namespaces, newest.created_at_us)
+
     def place(self, hot, ids: np.ndarray, vecs: np.ndarray, namespaces: list[str], created: np.ndarray, *,
               promoted: bool = False) -> None:
         """Puts rows into the hot tier under the policy: the policy's victims leave first (into the bounds), so the
@@ -370,3 +384,162 @@ class Placement:
             self.place(hot, np.array([r["id"] for r in want], dtype=np.int64), np.stack([r["vector"] for r in want]),
                        [r["namespace"] for r in want], np.array([r["created_at_us"] for r in want], dtype=np.int64),
                        promoted=True)
+
+
+def publish_totals(hot, counts: dict[str, int]) -> None:
+    """Tells every process the total rows (both tiers) of namespaces."""
+    hot.set_namespace_totals({namespace_hash(ns): n for ns, n in counts.items()})
+
+
+class HotSet:
+    """What this process knows the hot tier holds: per row its namespace, created_at, use
+    statistics and a host copy of its vector (needed to fold an evicted row into the bounds)."""
+
+    def __init__(self, dim: int, capacity: int) -> None:
+        self.dim = dim
+        self.capacity = capacity
+        self.slot: dict[int, int] = {}
+        self.free: list[int] = list(range(capacity - 1, -1, -1))
+        self.ids = np.full(capacity, -1, dtype=np.int64)
+        self.namespace: list[str | None] = [None] * capacity
+        self.created_us = np.zeros(capacity, dtype=np.int64)
+        self.last_use = np.zeros(capacity, dtype=np.int64)
+        self.freq = np.zeros(capacity, dtype=np.float64)
+        self.freq_at = np.zeros(capacity, dtype=np.int64)
+        self.vectors = np.zeros((capacity, dim), dtype=np.float32)
+        self.per_namespace: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def __contains__(self, row_id: int) -> bool:
+        return int(row_id) in self.slot
+
+    def clear(self) -> None:
+        """Forgets every row (the same dim and capacity)."""
+        self.__init__(self.dim, self.capacity)
+
+    def put(self, row_id: int, namespace: str, vector: np.ndarray, created_us: int, now: int,
+            half_life: float | None = None) -> None:
+        """Tracks a row placed in the hot tier (an insert counts as one use)."""
+        row_id = int(row_id)
+        s = self.slot.get(row_id)
+        if s is None:
+            s = self.free.pop()
+            self.slot[row_id] = s
+            self.freq[s] = 0.0
+            self.freq_at[s] = now
+        else:
+            self._count(self.namespace[s], -1)
+        self.ids[s] = row_id
+        self.namespace[s] = namespace
+        self._count(namespace, +1)
+        self.vectors[s] = vector
+        self.created_us[s] = created_us
+        self.use_slot(s, now, 1.0, half_life)
+
+    def fill(self, ids: np.ndarray, namespaces: list[str], vectors: np.ndarray, created_us: np.ndarray,
+             now: int) -> None:
+        """Tracks rows placed in the hot tier, into an empty table: the same state as put() of each row in
+        order (distinct ids, one use each), in array operations (a resync fills ~10k rows: put() one by one
+        was ~90 % of its time)."""
+        m = int(len(ids))
+        if self.slot or m > self.capacity:
+            raise ValueError("HotSet.fill needs an empty table and at most capacity rows")
+        if m == 0:
+            return
+        ids = np.asarray(ids, dtype=np.int64)
+        self.slot = dict(zip(ids.tolist(), range(m)))
+        if len(self.slot) != m:
+            self.slot = {}
+            raise ValueError("HotSet.fill needs distinct ids")
+        self.free = list(range(self.capacity - 1, m - 1, -1))  # every slot was free; rows take 0 .. m-1
+        self.ids[:m] = ids
+        self.namespace[:m] = list(namespaces)
+        self.vectors[:m] = vectors
+        self.created_us[:m] = np.asarray(created_us, dtype=np.int64)
+        self.freq[:m] = 1.0  # put(): 0, then one use of weight 1 (decay of 0 is 0)
+        self.freq_at[:m] = now
+        self.last_use[:m] = now
+        for ns, n in Counter(namespaces).items():
+            self.per_namespace[ns] = n
+
+    def _count(self, namespace: str, delta: int) -> None:
+        n = self.per_namespace.get(namespace, 0) + delta
+        if n:
+            self.per_namespace[namespace] = n
+        else:
+            self.per_namespace.pop(namespace, None)
+
+    def use_slot(self, s: int, now: int, weight: float = 1.0, half_life: float | None = None) -> None:
+        """Counts a use of slot s at tick now: adds weight to its frequency (aged first when half_life is given) and
+        sets its last use."""
+        if half_life is not None:
+            self.freq[s] = self.freq[s] * np.exp2(-(now - self.freq_at[s]) / half_life) + weight
+        else:
+            self.freq[s] += weight
+        self.freq_at[s] = now
+        self.last_use[s] = now
+
+    def use(self, ids: Iterable[int], now: int, half_life: float | None = None) -> None:
+        """Counts one use of each tracked row of distinct ids (ids not tracked are ignored): use_slot() of each, in
+        array operations (a search counts its hits' uses)."""
+        get = self.slot.get
+        slots = np.array([s for i in ids if (s := get(int(i))) is not None], dtype=np.intp)
+        if not slots.size:
+            return
+        if half_life is not None:
+            self.freq[slots] = self.freq[slots] * np.exp2(-(now - self.freq_at[slots]) / half_life) + 1.0
+        else:
+            self.freq[slots] += 1.0
+        self.freq_at[slots] = now
+        self.last_use[slots] = now
+
+    def remove(self, row_id: int) -> tuple[str, np.ndarray, int] | None:
+        """Forgets a row; returns (namespace, vector copy, created_us) or None when it was not tracked."""
+        s = self.slot.pop(int(row_id), None)
+        if s is None:
+            return None
+        ns = self.namespace[s]
+        self._count(ns, -1)
+        out = (ns, self.vectors[s].copy(), int(self.created_us[s]))
+        self.ids[s] = -1
+        self.namespace[s] = None
+        self.free.append(s)
+        return out
+
+    def live_slots(self, namespace: str | None = None) -> np.ndarray:
+        """Slots of the tracked rows, (n,) int64; only those of namespace when given."""
+        slots = np.fromiter(self.slot.values(), dtype=np.int64, count=len(self.slot))
+        if namespace is not None:
+            slots = slots[[self.namespace[s] == namespace for s in slots]] if slots.size else slots
+        return slots
+
+    def victims(self, policy: Policy, n: int, now: int, *, exclude: set[int] = frozenset(),
+                namespace: str | None = None) -> list[int]:
+        """The n rows the policy evicts first (never pinned ones, nor ids in exclude); fewer when not enough."""
+        if n <= 0:
+            return []
+        slots = self.live_slots(namespace)
+        if slots.size == 0:
+            return []
+        # the same test as policy.is_pinned() and exclude per row, in array operations: this runs on every add
+        # that evicts, inside the store's write lock, over every slot of a full tier (20k: ~10 % of a soak
+        # worker's time as a Python loop)
+        blocked = set(exclude) | policy.pinned_ids
+        keep = np.ones(slots.size, dtype=bool)
+        if blocked:
+            keep &= ~np.isin(self.ids[slots], np.fromiter(blocked, dtype=np.int64, count=len(blocked)))
+        if policy.pinned_namespaces:
+            keep &= np.fromiter((self.namespace[s] not in policy.pinned_namespaces for s in slots.tolist()),
+                                dtype=bool, count=slots.size)
+        slots = slots[keep]
+        if slots.size == 0:
+            return []
+        pr = policy.priority(self, slots, now)
+        if n < slots.size:
+            part = np.argpartition(pr, n - 1)[:n]
+            order = part[np.argsort(pr[part], kind="stable")]
+        else:
+            order = np.argsort(pr, kind="stable")
+        return [int(self.ids[s]) for s in slots[order]]

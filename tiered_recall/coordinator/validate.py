@@ -3,7 +3,6 @@ message that names the fix; the layers below (cold tier, hot-tier client) take w
 sidecar checks again what a client writes into shared memory, since it is a process boundary."""
 from __future__ import annotations
 
-import json
 import math
 import time
 from datetime import datetime, timezone
@@ -13,6 +12,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..namespaces import namespace_name
+from ..sync import encode_metadata
 
 MAX_DIM = 8192  # the sidecar's limit (layout.h TR_MAX_DIM)
 MAX_K = 256
@@ -244,7 +244,7 @@ def metadata(value: Any, n: int) -> list[dict | None]:
     for i, meta in enumerate(metas):
         if meta is not None:
             try:
-                json.dumps(meta)
+                encode_metadata(meta)  # as the store keeps it: NaN and infinities are not JSON
             except (TypeError, ValueError) as exc:
                 raise InvalidInput(f"metadata[{i}] is not JSON-serialisable ({exc}): keep to "
                                    "str/int/float/bool/list/dict") from None

@@ -316,7 +316,7 @@ def _table_rows(store: Path) -> int:
     the re-run after a kill must be the process that does that."""
     import lancedb
 
-    from tiered_recall.storage._schema import TABLE_NAME
+    from tiered_recall.storage import TABLE_NAME
 
     try:
         return int(lancedb.connect(str(store / "cold")).open_table(TABLE_NAME).count_rows())

@@ -25,15 +25,14 @@ import numpy as np
 
 from ..errors import StorageError
 from ..namespaces import namespace_hash
-from ..storage._generations import FIRST_SLOT_WORD, SLOTS, WORD_UNPLACED, WORD_WRITES, Bump, Snapshot, \
-    WriteGenerations, slot_of
-from ..storage._wal import read_position, write_position
+from .generations import FIRST_SLOT_WORD, SLOTS, WORD_UNPLACED, WORD_WRITES, Bump, Snapshot, WriteGenerations, slot_of
+from .log_format import read_position, write_position
 
 FILE_NAME = "hot_certificates"
 MAGIC = int.from_bytes(b"TRCERT1\0", "little")
 VERSION = 1
 _EPOCH_PID, _EPOCH_STARTED, _CERT_WRITES, _CERT_UNPLACED = 8, 9, 10, 11
-_APPLIED_GEN = 12  # and word 13, the offset (storage._wal.read_position)
+_APPLIED_GEN = 12  # and word 13, the offset (log_format.read_position)
 _FILE_BYTES = 8 * (FIRST_SLOT_WORD + SLOTS)
 WHOLE_STORE = -1  # the slot of a token for a search over every namespace
 
@@ -49,7 +48,7 @@ class HotCertificates:
 
     def __init__(self, folder: str | os.PathLike, generations: WriteGenerations) -> None:
         self._gens = generations
-        self._g = generations._words
+        self._g = generations.words
         path = os.path.join(os.fspath(folder), FILE_NAME)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -97,7 +96,7 @@ class HotCertificates:
 
     def stale_slots(self) -> np.ndarray:
         """Slots whose certificate no longer matches their generation."""
-        return np.flatnonzero(self._slots != self._gens._array[FIRST_SLOT_WORD:])
+        return np.flatnonzero(self._slots != self._gens.slot_words)
 
     def current_at(self, slot: int | None, snap: Snapshot, epoch: tuple[int, int]) -> bool:
         """True when the certificates of sidecar `epoch` cover every write `snap` counts for `slot` (None: every
@@ -112,9 +111,13 @@ class HotCertificates:
 
     def applied(self) -> tuple[int, int] | None:
         """The log position up to which the hot tier has every logged write's side (None: not known). Read without
-        a lock (storage._wal.read_position)."""
+        a lock (log_format.read_position)."""
         position = read_position(self._c, _APPLIED_GEN)
         return position if position[0] else None
+
+    def certified_unplaced(self) -> int:
+        """The count of unplaced writes the certificates were made at."""
+        return int(self._c[_CERT_UNPLACED])
 
     def covers(self, end: tuple[int, int]) -> bool:
         """True when the hot tier has the side of the logged write whose record ends at `end`."""
@@ -206,7 +209,7 @@ def repair(hot, cold, certs: HotCertificates, epoch: tuple[int, int], slot: int 
     Call under the store's write lock. The counters are read before the cold tier is, so a certificate never
     covers a write the repair did not see."""
     gens = cold.generations
-    full = slot is None or not certs.epoch_matches(epoch) or certs._c[_CERT_UNPLACED] != gens.unplaced()
+    full = slot is None or not certs.epoch_matches(epoch) or certs.certified_unplaced() != gens.unplaced()
     position, snap = cold.log_snapshot()
     table = hot.namespace_table()  # hash -> (hot rows, published total)
     cold_totals = {namespace_hash(ns): n for ns, n in cold.namespace_counts().items()}

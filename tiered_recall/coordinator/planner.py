@@ -1,13 +1,71 @@
-"""The skip rules and the merge, as pure functions of what a search has read (docs/skip-rules.md says why each is
-exact): whether the cold tier may be left out, and how the two tiers' candidates become one ranking."""
+"""The planner: every routing decision of a search, as pure functions of the evidence it has read (docs/skip-rules.md
+says why each is exact): whether to ask the hot tier at all (plan), whether its answer may skip the cold tier
+(decide), how the two tiers' candidates become one ranking (merge, rank), and what a search that read the disk
+promotes into the hot tier afterwards (promotion). search.py gathers the evidence and carries the decisions out."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 F32_MARGIN = 1e-5  # rule 2's allowance for rounding in the hot tier's scores: f32 rows ...
 F16_MARGIN = 2e-3  # ... and f16 rows (a CUDA hot tier)
+SKIPPING_RULES = ("complete", "bound", "threshold")  # the rules that answer from the hot tier alone
+
+
+class ScopeFacts(Protocol):
+    """What plan() may ask of a scope (a namespace, or None: every namespace) before the hot tier is: each a cheap
+    read (segment counts, the bounds' state, a row count), taken only when the decision needs it."""
+
+    def sidecar_takes_a_core(self, hot) -> bool:
+        """A CPU sidecar with no core to spare: whatever it is asked to do takes a core from a client."""
+
+    def own_copy_small(self, namespace: str | None) -> bool:
+        """The cold tier answers the scope by an exact scan of this process's mirror that costs less than a round
+        trip to a sidecar with no core to spare."""
+
+    def complete_hint(self, hot, namespace: str | None) -> bool:
+        """The hot tier's counts say it holds the whole scope (checked again after the hot answer)."""
+
+    def bounds_usable(self, hot, namespace: str | None) -> bool:
+        """This process's bounds cover every cold-only row of the scope (checked again after the hot answer)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Whether a search asks the hot tier; when it does not, the rule that answers (from the cold tier alone) and
+    whether that answer is exact over the hot tier too (nothing there was missed)."""
+
+    ask_hot: bool
+    rule: str | None = None
+    trusted: bool = False
+
+
+ASK_HOT = Plan(True)
+NO_HOT = Plan(False, "no-hot", False)
+NO_SPARE_CORE = Plan(False, "no-spare-core", True)
+COLD_ALONE = Plan(False, "cold", True)
+
+
+def plan(rules: tuple[str, ...], confidence: float | None, facts: ScopeFacts, hot, namespace: str | None,
+         filtered: bool) -> Plan:
+    """The first step of a vector search of one scope, with the hot tier `hot` (None: none attached). Not asked: no
+    hot tier, or a `where` filter, which only the cold tier evaluates ("no-hot"); a CPU sidecar with no core to spare
+    and a scope this process's mirror scans for less ("no-spare-core": the round trip would take a core from a client
+    and cost the caller a wait for one; nothing is missed, so the answer is trusted); no rule that could answer from
+    the hot tier ("cold": its candidates would add nothing to the cold tier's exact answer but a round trip)."""
+    if hot is None or filtered:
+        return NO_HOT
+    if facts.sidecar_takes_a_core(hot) and facts.own_copy_small(namespace):
+        return NO_SPARE_CORE
+    if "threshold" in rules and confidence is not None:
+        return ASK_HOT  # the approximate rule needs the hot scores
+    if "complete" in rules and facts.complete_hint(hot, namespace):
+        return ASK_HOT
+    if "bound" in rules and facts.bounds_usable(hot, namespace):
+        return ASK_HOT
+    return COLD_ALONE
 
 
 @dataclass(frozen=True)
@@ -74,6 +132,21 @@ def rank(candidates: list[tuple[float, int, str]], found: dict, scoring, now_us:
         candidates = [(scoring.score(s, found[i], now_us), i, tier) for s, i, tier in candidates if i in found]
     candidates.sort(key=lambda t: (-t[0], t[1]))
     return candidates[:k]
+
+
+def promotion(*, whole_namespace: bool, namespace_to_load: bool, cold_hits: bool,
+              sidecar_takes_a_core: bool) -> str | None:
+    """What a search that read the cold tier promotes into the hot tier: its whole namespace ("namespace"), for one
+    the policy keeps whole and that is not all hot yet, else its cold hits the hot tier lacks ("hits"); "skipped"
+    when it would, but the sidecar's work takes a core from a client: a promotion holds the store's write lock across
+    that round trip, and the writers whose hot side is due queue behind it (cold hits promote again once a core is
+    spare); None when nothing is to be promoted."""
+    wanted = namespace_to_load if whole_namespace else cold_hits
+    if not wanted:
+        return None
+    if sidecar_takes_a_core:
+        return "skipped"
+    return "namespace" if whole_namespace else "hits"
 
 
 @dataclass

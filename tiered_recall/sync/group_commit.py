@@ -1,5 +1,6 @@
 """Group commit of the hot tier's side of writes: whoever holds the store's write lock applies every write logged
-since the last such application, by any process, in log order, and certifies them (docs/skip-rules.md).
+since the last such application, by any process, in log order, and certifies them (docs/skip-rules.md). What
+applying a batch means for the hot tier (the placement policy, the bounds) is the coordinator's: a HotSide.
 
 A logged write is durable, and counted in the write generations, once its record is in the write-ahead log; the
 record carries its bump. Its writer then takes the store's write lock only if no other process has already applied
@@ -10,25 +11,42 @@ folder.
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from ..storage._wal import Rows
 from .certificates import HotCertificates, repair
-from .placement import Placement
+from .log_format import Rows
 
 
 # How many more times a holder of the write lock applies the log when records arrived while it applied.
 LATECOMER_ROUNDS = 2
 
 
+@dataclass(frozen=True)
+class NewestRows:
+    """The newest logged row of each id a batch of records upserts, oldest first (so the newest end most recent)."""
+
+    ids: np.ndarray  # (n,) int64
+    vectors: np.ndarray  # (n, dim) float32
+    namespaces: list[str]
+    created_at_us: np.ndarray  # (n,) int64
+
+
+class HotSide(Protocol):
+    """The coordinator's part of applying records to the hot tier (its placement policy decides where rows go)."""
+
+    def apply(self, hot, removed: list[int], newest: NewestRows | None, namespaces: set[str] | None) -> None:
+        """Removes `removed` from the hot tier, publishes the totals of `namespaces` (None: every namespace's, since
+        some record did not say which it touched), and places `newest`."""
+
+
 class LoggedWrites:
     """One process's part in applying the log to the hot tier (call apply() under the store's write lock)."""
 
-    def __init__(self, cold, placement: Placement, certs: HotCertificates, publish_totals: Callable) -> None:
-        self.cold, self.placement, self.certs = cold, placement, certs
-        self._publish_totals = publish_totals
+    def __init__(self, cold, hot_side: HotSide, certs: HotCertificates) -> None:
+        self.cold, self.hot_side, self.certs = cold, hot_side, certs
         self._reader = cold.log_reader()
         self.applied_records = 0  # records this process applied for any writer (stats)
         self.applications = 0  # times it held the lock and applied at least one record
@@ -108,9 +126,9 @@ class LoggedWrites:
         repair(hot, self.cold, self.certs, epoch, None)
 
     def _apply_batch(self, hot, batch: list, epoch: tuple[int, int]) -> None:
-        """The hot side of records, in log order: each id's last operation (its newest row placed under the
-        policy, or its removal), the totals of every namespace touched published, then each record's bump
-        certified where it chains on the certificate (HotCertificates.advance)."""
+        """The hot side of records, in log order: each id's last operation (its newest row placed, or its removal)
+        and the totals of every namespace touched (HotSide.apply), then each record's bump certified where it
+        chains on the certificate (HotCertificates.advance)."""
         if not batch:
             return
         last: dict[int, tuple[Rows, int] | None] = {}
@@ -129,22 +147,16 @@ class LoggedWrites:
                 every_namespace = True  # which namespaces the ids were in is not known: publish every total
             else:
                 names.update(bump.namespaces)
-        cold, placement = self.cold, self.placement
-        totals = cold.namespace_counts() if every_namespace else cold.counts(names)
-        placement.policy.set_sizes(totals)
         gone = [row_id for row_id, op in last.items() if op is None]
-        if gone:
-            placement.hot_delete(hot, gone)
-            placement.bounds.discard(gone)
-        self._publish_totals(hot, totals)
         kept = [op for op in last.values() if op is not None]
+        newest = None
         if kept:
             kept.sort(key=lambda op: (op[0].gen, op[0].offset, op[1]))  # oldest first: the newest end most recent
-            ids = np.array([int(rec.ids[j]) for rec, j in kept], dtype=np.int64)
-            vectors = np.stack([rec.vectors[j] for rec, j in kept])
-            namespaces = [rec.namespaces[j] for rec, j in kept]
-            created = np.array([int(rec.created_at_us[j]) for rec, j in kept], dtype=np.int64)
-            placement.place(hot, ids, vectors, namespaces, created)
+            newest = NewestRows(np.array([int(rec.ids[j]) for rec, j in kept], dtype=np.int64),
+                                np.stack([rec.vectors[j] for rec, j in kept]),
+                                [rec.namespaces[j] for rec, j in kept],
+                                np.array([int(rec.created_at_us[j]) for rec, j in kept], dtype=np.int64))
+        self.hot_side.apply(hot, gone, newest, None if every_namespace else names)
         for record in batch:
             self.certs.advance(record.bump, epoch)
         self.applied_records += len(batch)

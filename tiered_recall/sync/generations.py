@@ -1,4 +1,4 @@
-"""Write generations of the cold tier: shared counters that every write bumps before it is acknowledged.
+"""Write generations: shared counters that every write to the cold tier bumps before it is acknowledged.
 
 A reader in any process tells in a few memory loads whether what it learnt of a namespace (the hot tier's
 rows and counts, say) is still current: it keeps the counters it saw and compares them later. The counters live
@@ -13,15 +13,13 @@ Layout (little-endian u64 words, `SLOTS` a power of two):
   word 16+s  the generation of slot s: bumped by every write that touched a namespace whose hash falls in slot s
 A namespace's slot is its 64-bit hash (tiered_recall.namespaces.namespace_hash) modulo SLOTS; namespaces that
 share a slot share its generation, which only ever makes a reader ask the disk once more than it needed to.
-Bumps take an flock on the file (and a mutex for the threads of one process); reads take nothing: each word is
-one aligned 8-byte load and store.
+Bumps take the file's lock (file_lock.FileLock: an flock, and a mutex for the threads of one process); reads take
+nothing: each word is one aligned 8-byte load and store.
 """
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -30,6 +28,7 @@ import numpy as np
 
 from ..errors import StorageError
 from ..namespaces import namespace_hash
+from .file_lock import FileLock
 
 FILE_NAME = "generations"
 MAGIC = int.from_bytes(b"TRGEN01\0", "little")
@@ -97,17 +96,15 @@ class WriteGenerations:
             fd = os.open(path, (os.O_RDWR | os.O_CREAT) if writable else os.O_RDONLY, 0o600)
         except OSError as exc:
             raise StorageError(f"cold tier: cannot open the write generations at {path}: {exc}") from exc
+        self._bump_lock = FileLock(path) if writable else None
         try:
             if writable:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
+                with self._bump_lock.held():
                     if os.fstat(fd).st_size < FILE_BYTES:
                         head = np.zeros(FIRST_SLOT_WORD, dtype="<u8")
                         head[0], head[1] = MAGIC, VERSION | (SLOTS << 32)
                         os.ftruncate(fd, FILE_BYTES)
                         os.pwrite(fd, head.tobytes(), 0)
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
             if os.fstat(fd).st_size < FILE_BYTES:
                 raise StorageError(f"cold tier: the write generations at {path} are truncated: remove the file "
                                    "while no process has the store open")
@@ -115,6 +112,8 @@ class WriteGenerations:
             self._mm = mmap.mmap(fd, FILE_BYTES, mmap.MAP_SHARED, prot)
         except BaseException:
             os.close(fd)
+            if self._bump_lock is not None:
+                self._bump_lock.close()
             raise
         self._fd = fd
         self._words = memoryview(self._mm).cast("Q")
@@ -123,7 +122,17 @@ class WriteGenerations:
             self.close()
             raise StorageError(f"cold tier: {path} is not a generations file of this version: remove it while no "
                                "process has the store open (every process then starts from a fresh count)")
-        self._mutex = threading.Lock()
+
+    @property
+    def words(self) -> memoryview:
+        """The counters as u64 words (the layout above), for a reader that compares many of them in a few loads
+        (certificates.py); never written through."""
+        return self._words
+
+    @property
+    def slot_words(self) -> np.ndarray:
+        """The slot generations, (SLOTS,) u64 (words FIRST_SLOT_WORD on); never written through."""
+        return self._array[FIRST_SLOT_WORD:]
 
     # ---- reads: lock-free, one load each ----
     def writes(self) -> int:
@@ -134,10 +143,6 @@ class WriteGenerations:
         """The count of writes whose namespaces were not known (word 9)."""
         return self._words[WORD_UNPLACED]
 
-    def of_slot(self, slot: int) -> int:
-        """The generation of slot `slot` (slot_of a namespace hash)."""
-        return self._words[FIRST_SLOT_WORD + slot]
-
     def snapshot(self) -> Snapshot:
         """writes and unplaced first, then the slots: a slot copied later is never older than the writes read."""
         writes, unplaced = self.writes(), self.unplaced()
@@ -146,14 +151,10 @@ class WriteGenerations:
     # ---- writes ----
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        if not self.writable:
+        if self._bump_lock is None:
             raise StorageError(f"cold tier: {self.path} is open read-only")
-        with self._mutex:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        with self._bump_lock.held():
+            yield
 
     def bump(self, namespaces: Iterable[str] | None) -> Bump:
         """Counts one write that touched these namespaces (None: not known, so every slot is suspect)."""
@@ -180,6 +181,8 @@ class WriteGenerations:
         self._mm.close()
         self._mm = None
         os.close(self._fd)
+        if self._bump_lock is not None:
+            self._bump_lock.close()
 
 
 def open_generations(folder: str | os.PathLike, *, read_only: bool) -> WriteGenerations | None:
