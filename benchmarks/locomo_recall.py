@@ -2,7 +2,7 @@
 query-embedding and text-search latency p50/p99, and a PNG of recall against latency.
 
     .venv/bin/python benchmarks/locomo_recall.py                                   # quality and fast, with and without stages
-    .venv/bin/python benchmarks/locomo_recall.py --presets quality --device cuda --json docs/results/locomo-h200.json
+    .venv/bin/python benchmarks/locomo_recall.py --presets quality --device cuda --json experiments/locomo-h200.json
 
 Every conversation of the development split goes into its own namespace through the real ingest pipeline into a
 TieredMemory in a temporary folder (the hot tier holds every namespace whole); each question is searched with

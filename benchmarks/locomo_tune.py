@@ -2,7 +2,7 @@
 weights (coordinator/stages.py, the code a search runs) over exact pools, and prints R@5/10/25 per setting.
 
     .venv/bin/python benchmarks/locomo_tune.py --embedder e5 --context-weights 0.3 0.5 --bm25 0 0.3 0.5 1
-    .venv/bin/python benchmarks/locomo_tune.py --embedder wordllama --json docs/results/tune-wordllama.json
+    .venv/bin/python benchmarks/locomo_tune.py --embedder wordllama --json experiments/locomo-tune-wordllama.json
 
 The pools are what TieredMemory.search builds (the exact vector top `pool`, BM25 over the stored turn texts fused by
 reciprocal rank), computed here with numpy over the ingested vectors so that a sweep of hundreds of settings takes
