@@ -1,0 +1,229 @@
+"""The endpoints over memories: add, search, get and delete (one or a batch), a namespace's memories a page at a time
+(newest first), counts and namespaces. Each checks the request once (in the request's JSON spelling), keeps a
+scoped token inside its namespaces, and calls the store's public methods in a worker thread (FastAPI runs a plain
+def endpoint there), so that the event loop never waits on the store."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Optional
+
+import numpy as np
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..namespaces import namespace_labels, under_prefix
+from .access import Access
+from .convert import cursor_key, hit_json, memory_json, namespace_param, parse_cursor
+from .models import (MAX_PAGE, AddRequest, Added, Counted, Deleted, Found, Got, IdsRequest, Namespaces, Page,
+                     SearchRequest, StoredMemory, timestamp)
+from .problems import BadInput, NotFound, responses
+from .where import check_where
+
+bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer TOKEN; needed when the server was given "
+                                                  "tokens (always, when bound beyond loopback).")
+router = APIRouter(prefix="/v1", tags=["memories"])
+# Every endpoint that takes a body can be refused for its size, a token's scope or a store that cannot serve.
+COMMON = (401, 403, 413, 422, 503)
+NAMESPACE_QUERY = ("A namespace name (users/alice), or a JSON list of labels ([\"users\",\"alice\"]), URL-encoded.")
+ID_PATH = Path(description="A memory id (digits).", pattern="^[0-9]{1,19}$")
+
+
+async def access_of(request: Request,
+                    credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Access:
+    """The Access of the request's bearer token (Unauthorized without one the server takes, where it takes any)."""
+    tokens = request.app.state.tokens
+    if not tokens.required:
+        return Access(None)
+    return tokens.access(request.headers.get("authorization"))
+
+
+async def store_of(request: Request) -> Any:
+    """The store the app serves."""
+    return request.app.state.store
+
+
+def _dim(store: Any) -> Optional[int]:
+    return getattr(store, "dim", None)
+
+
+def _check_vector(vector: list[float], store: Any, field: str) -> None:
+    dim = _dim(store)
+    if dim is not None and len(vector) != dim:
+        raise BadInput(f"{field} has {len(vector)} numbers; this store's vectors have {dim}")
+    if not any(vector):
+        raise BadInput(f"{field} is all zeros: a vector needs a direction to be stored or searched by")
+
+
+def _parsed_id(value: str) -> int:
+    memory_id = int(value)
+    if memory_id >= 1 << 63:
+        raise BadInput("id (path) is at most 2**63 - 1 (9223372036854775807)")
+    return memory_id
+
+
+@router.post("/memories", summary="Add memories", responses=responses(400, 409, *COMMON))
+def add(body: AddRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Added:
+    """Stores one memory or a batch in one namespace, durable on disk when the answer comes; gives their ids in the
+    order sent. A memory of an id that exists is replaced (an upsert): adds by id are idempotent."""
+    name = access.namespace(body.namespace)
+    rows = body.memories
+    for what in ("text", "vector", "id"):
+        given = [getattr(row, what) is not None for row in rows]
+        if any(given) and not all(given):
+            missing = given.index(False)
+            raise BadInput(f"memories[{missing}].{what} is missing: give every memory of a batch a {what}, or none")
+    if rows[0].text is None and rows[0].vector is None:
+        raise BadInput("memories[0] has neither text nor vector: give the text to remember (or your own vector)")
+    for i, row in enumerate(rows):
+        if row.vector is not None:
+            _check_vector(row.vector, store, f"memories[{i}].vector")
+        if row.text is not None and not row.text.strip():
+            raise BadInput(f"memories[{i}].text is blank: give it content or leave the memory out")
+        for key in row.metadata or {}:
+            if key.startswith("_tr_"):
+                raise BadInput(f"memories[{i}].metadata key {key!r}: keys starting with _tr_ are the store's own "
+                               "(a memory's expiry): use ttl for an expiry and another key for your data")
+    ids = None if rows[0].id is None else [row.id for row in rows]
+    if ids is not None:
+        if len(set(ids)) != len(ids):
+            raise BadInput("memories[].id repeats within one add: give each memory its own id")
+        if not access.whole_store:  # an upsert must not take over a memory outside the token's namespaces
+            for i, found in enumerate(store.get(ids)):
+                if found is not None and not access.covers(found.namespace):
+                    raise NotFound(f"memories[{i}].id {ids[i]} is the id of a memory this token may not replace: "
+                                   "choose another id, or leave ids out for new ones")
+    vectors = None if rows[0].vector is None else np.asarray([row.vector for row in rows], dtype=np.float32)
+    added = store.add(None if rows[0].text is None else [row.text for row in rows], vectors=vectors, namespace=name,
+                      ids=ids, session=[row.session for row in rows], role=[row.role for row in rows],
+                      metadata=[row.metadata for row in rows],
+                      created_at=[timestamp(row.created_at) for row in rows], ttl=body.ttl)
+    return Added(ids=added, id_strs=[str(i) for i in added], namespace=name, labels=list(namespace_labels(name)))
+
+
+@router.post("/search", summary="Search memories", responses=responses(400, *COMMON))
+def search(body: SearchRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Found:
+    """The k memories closest to a text or a vector, best first, each with its score and the tier that served it;
+    in one namespace, under a prefix, or everywhere the token reaches. With explain, the rule that decided the
+    answer, the tiers read and the store's time."""
+    if (body.query is None) == (body.vector is None):
+        raise BadInput("give query (the text to look for) or vector (your own embedding), one of the two")
+    if body.namespace is not None and body.namespace_prefix is not None:
+        raise BadInput("give namespace (one namespace) or namespace_prefix (every namespace under it), not both")
+    if body.vector is not None:
+        _check_vector(body.vector, store, "vector")
+        for flag in ("hybrid", "stages"):
+            if getattr(body, flag):
+                raise BadInput(f"{flag} ranks texts: it needs query, not vector")
+    namespace, prefix = access.search_scope(body.namespace, body.namespace_prefix)
+    if body.where is not None:
+        check_where(body.where)
+    query = body.query if body.query is not None else np.asarray(body.vector, dtype=np.float32)
+    report = store.search(query, k=body.k, namespace=namespace, namespace_prefix=prefix, where=body.where,
+                          hybrid=body.hybrid, stages=body.stages, explain=True)
+    hits = report.hits if access.whole_store else [h for h in report.hits if access.covers(h.namespace)]
+    found = {"hits": [hit_json(h) for h in hits]}
+    if body.explain:
+        found.update(rule=report.rule, path=report.path, seconds=report.seconds, hot_kth=report.hot_kth,
+                     cold_bound=report.cold_bound)
+    return Found.model_validate(found)
+
+
+def _get(ids: list[int], access: Access, store: Any) -> list:
+    return access.readable(store.get(ids))
+
+
+@router.post("/memories/get", summary="Get memories by id", responses=responses(*COMMON))
+def get_many(body: IdsRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Got:
+    """Memories by id, in the order asked; the ids with no memory (or none the token may read) are listed apart."""
+    found = _get(body.ids, access, store)
+    return Got(memories=[memory_json(m) for m in found if m is not None],
+               missing=[str(i) for i, m in zip(body.ids, found) if m is None])
+
+
+@router.get("/memories/{memory_id}", summary="Get one memory", responses=responses(400, 404, 401, 403, 422, 503))
+def get_one(memory_id: str = ID_PATH, access: Access = Depends(access_of),
+            store: Any = Depends(store_of)) -> StoredMemory:
+    """One memory by id; 404 when there is none (or none the token may read)."""
+    memory_id = _parsed_id(memory_id)
+    found = _get([memory_id], access, store)[0]
+    if found is None:
+        raise NotFound(f"no memory with id {memory_id}")
+    return StoredMemory.model_validate(memory_json(found))
+
+
+def _delete(ids: list[int], access: Access, store: Any) -> Deleted:
+    # read first: delete says how many it removed, not which, and a scoped token may only remove its own
+    found = _get(ids, access, store)
+    present = [i for i, m in zip(ids, found) if m is not None]
+    deleted = store.delete(present) if present else 0
+    return Deleted(deleted=deleted, asked=len(ids), missing=[str(i) for i, m in zip(ids, found) if m is None])
+
+
+@router.post("/memories/delete", summary="Delete memories by id", responses=responses(409, *COMMON))
+def delete_many(body: IdsRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Deleted:
+    """Forgets memories by id, from both tiers; says how many there were. An id with no memory (or none the token
+    may delete) is skipped and listed in missing."""
+    return _delete(body.ids, access, store)
+
+
+@router.delete("/memories/{memory_id}", summary="Delete one memory",
+               responses=responses(400, 404, 409, 401, 403, 422, 503))
+def delete_one(memory_id: str = ID_PATH, access: Access = Depends(access_of),
+               store: Any = Depends(store_of)) -> Deleted:
+    """Forgets one memory, from both tiers; 404 when there is none (or none the token may delete)."""
+    memory_id = _parsed_id(memory_id)
+    done = _delete([memory_id], access, store)
+    if done.deleted == 0:
+        raise NotFound(f"no memory with id {memory_id}")
+    return done
+
+
+@router.get("/memories", summary="List a namespace's memories, newest first",
+            responses=responses(400, 401, 403, 422, 503))
+def page(namespace: Optional[str] = Query(None, min_length=1, max_length=2048, description=NAMESPACE_QUERY + " Left "
+                                          "out: every namespace the token reaches."),
+         limit: int = Query(50, ge=1, le=MAX_PAGE, description=f"Memories on the page, 1 to {MAX_PAGE}."),
+         cursor: Optional[str] = Query(None, max_length=64, pattern="^[0-9]+-[0-9]+$",
+                                       description="The next_cursor of the page before; left out: the newest."),
+         access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Page:
+    """One page of memories, newest first (ties by id, highest first); pass next_cursor back for the next page. A
+    page reads through the namespace's memories (oldest first, as the store keeps them), so its time grows with
+    the namespace."""
+    name = None if namespace is None else access.namespace(namespace_param(namespace, "namespace"))
+    before = parse_cursor(cursor)
+    kept: deque = deque(maxlen=limit + 1)
+    for memory in store.memories(name):
+        if name is None and not access.covers(memory.namespace):
+            continue
+        if before is None or cursor_key(memory) < before:
+            kept.append(memory)
+    more = len(kept) > limit
+    shown = list(reversed(kept))[:limit]
+    next_cursor = "%d-%d" % cursor_key(shown[-1]) if more and shown else None
+    return Page(memories=[memory_json(m) for m in shown], next_cursor=next_cursor)
+
+
+@router.get("/count", summary="Count memories", responses=responses(400, 401, 403, 422, 503))
+def count(namespace: Optional[str] = Query(None, min_length=1, max_length=2048, description=NAMESPACE_QUERY),
+          namespace_prefix: Optional[str] = Query(None, min_length=1, max_length=2048,
+                                                  description="Every namespace under this prefix. " + NAMESPACE_QUERY),
+          access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Counted:
+    """Memories in one namespace, under a prefix, or (neither given) in every namespace the token reaches."""
+    if namespace is not None and namespace_prefix is not None:
+        raise BadInput("give namespace or namespace_prefix, not both")
+    name, prefix = access.search_scope(namespace_param(namespace, "namespace"),
+                                       namespace_param(namespace_prefix, "namespace_prefix"))
+    if name is not None:
+        return Counted(count=store.count(name))
+    if prefix is None:
+        return Counted(count=store.count())
+    return Counted(count=sum(v["memories"] for n, v in store.namespaces().items() if under_prefix(n, prefix)))
+
+
+@router.get("/namespaces", summary="List namespaces", responses=responses(401, 422, 503))
+def namespaces(access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Namespaces:
+    """Every namespace the token reaches, by name, with its memories and how many of them are hot now."""
+    listed = [{"namespace": n, "labels": list(namespace_labels(n)), "memories": int(v["memories"]), "hot": int(v["hot"])}
+              for n, v in store.namespaces().items() if access.covers(n)]
+    return Namespaces.model_validate({"namespaces": listed, "memories": sum(x["memories"] for x in listed)})
+
