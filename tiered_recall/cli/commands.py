@@ -447,7 +447,7 @@ def http_server(
     try:
         from ..http.server import ServeOptions, serve
         from ..http.settings import HttpSettings
-        from ..http.tokens import settle_tokens
+        from ..http.tokens import given_tokens, kept_token
     except ImportError as error:
         if (error.name or "").split(".")[0] == "tiered_recall":
             raise
@@ -458,19 +458,25 @@ def http_server(
                "preset": None if preset is None else preset.value, "option_names": OPTION_FLAGS}
     if embedder is not None:
         options["embedder"] = embedder
-    try:
-        memory = _open(store, device, embedder, preset, hot_capacity)  # a bad option is a plain error here
+
+    def settings_of(tokens) -> "HttpSettings":
+        return HttpSettings(host=host, port=port, tokens=tokens, cors_origins=tuple(cors_origin or ()),
+                            max_body_bytes=max_body_bytes)
+
+    try:  # the options are checked before the store opens: a bad one is a plain error here
+        tokens = given_tokens(host=host, token=token, token_file=token_file, scope=scope)
+        settings = settings_of(tokens) if tokens is not None else None
+        memory = _open(store, device, embedder, preset, hot_capacity)
     except TieredRecallError as error:
         fail(error)
-    try:
-        tokens, line = settle_tokens(host=host, token=token, token_file=token_file, scope=scope, keep_in=memory.path)
-        settings = HttpSettings(host=host, port=port, tokens=tokens, cors_origins=tuple(cors_origin or ()),
-                                max_body_bytes=max_body_bytes)
-    except TieredRecallError as error:
-        memory.close()
-        fail(error)
-    if line:
-        note(line)
+    if settings is None:  # beyond loopback with no token given: the one kept in the store folder, made once
+        try:
+            tokens, line = kept_token(host=host, scope=scope, keep_in=memory.path)
+            settings = settings_of(tokens)
+        except TieredRecallError as error:
+            memory.close()
+            fail(error)
+        typer.echo(line, err=True)  # not wrapped: the token must come out whole
     options["path"] = str(memory.path)
     note(f"tiered-recall http: the store at {memory.path}; the memory browser at http://{host}:{port}/"
          + (" (it asks for the token)" if tokens else ""))

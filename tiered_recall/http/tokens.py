@@ -76,23 +76,26 @@ def generated_token(folder: Path) -> tuple[str, Path, bool]:
     return token, path, True
 
 
-def settle_tokens(*, host: str, token: Optional[str], token_file: Optional[Path], scope: Optional[str],
-                  keep_in: Path) -> tuple[dict[str, TokenScope], Optional[str]]:
-    """The tokens a server takes, from the command line's --token / --scope / --token-file, and a line to print
-    (None when there is nothing to say). Beyond loopback with no token given, the token kept in `keep_in` (made on
-    the first start; the line then shows it, once)."""
+def given_tokens(*, host: str, token: Optional[str], token_file: Optional[Path],
+                 scope: Optional[str]) -> Optional[dict[str, TokenScope]]:
+    """The tokens the command line gives (--token with its --scope, or --token-file): {} for none on loopback (no
+    token asked for), None for none beyond loopback (the kept token is then used: kept_token)."""
     if token is not None and token_file is not None:
         raise InvalidInput("give --token or --token-file, not both (a tokens file may list several tokens)")
-    if scope is not None and token is None and token_file is None and is_loopback(host):
-        raise InvalidInput("--scope limits a token: give the token with --token (or list scopes in --token-file)")
     if scope is not None and token_file is not None:
         raise InvalidInput("--scope limits --token; in a tokens file, write each token's scope after it on its line")
+    if scope is not None and token is None and is_loopback(host):
+        raise InvalidInput("--scope limits a token: give the token with --token (or list scopes in --token-file)")
     if token_file is not None:
-        return read_tokens_file(token_file), None
+        return read_tokens_file(token_file)
     if token is not None:
-        return {token: TokenScope.of(_scope_value(scope))}, None
-    if is_loopback(host):
-        return {}, None
+        return {token: TokenScope.of(_scope_value(scope))}
+    return {} if is_loopback(host) else None
+
+
+def kept_token(*, host: str, scope: Optional[str], keep_in: Path) -> tuple[dict[str, TokenScope], str]:
+    """The token kept in `keep_in` (made on the first start) for a server beyond loopback given none, and a line to
+    print: the token itself when it is new (shown this once), else where it is kept."""
     kept, path, new = generated_token(keep_in)
     if new:
         line = (f"tiered-recall http: --host {host} lets other machines in, so every call needs this bearer token "
