@@ -6,8 +6,8 @@ import pytest
 
 from fastapi.testclient import TestClient
 
-from http_helpers import ADMIN, ALICE, DIM, TEST_HOSTS, LiveServer
-from tiered_recall.http import HttpSettings, TokenScope, create_app
+from http_helpers import DIM, LiveServer, scoped_settings
+from tiered_recall.http import create_app
 
 @pytest.fixture
 def vector_store(tmp_path, stop_sidecar_after):
@@ -31,12 +31,6 @@ def text_store(tmp_path, stop_sidecar_after):
     memory = TieredMemory(path, preset="fast", device="cpu", orphan_grace_s=2.0)
     yield memory
     memory.close()
-
-
-def scoped_settings(**more) -> HttpSettings:
-    """An admin token for the whole store and alice's for ["users", "alice"]."""
-    return HttpSettings(tokens={ADMIN: TokenScope(), ALICE: TokenScope.of(["users", "alice"])},
-                        allowed_hosts=TEST_HOSTS, **more)
 
 
 @pytest.fixture

@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 
+from tiered_recall.http import HttpSettings, TokenScope
+
 DIM = 8
 ADMIN = "admin-token-0123456789abcdef"
 ALICE = "alice-token-0123456789abcdef"  # scoped to ["users", "alice"]
@@ -23,6 +25,12 @@ def unit(i: int, dim: int = DIM) -> list[float]:
 
 def bearer(token: str) -> dict:
     return {"Authorization": f"Bearer {token}"}
+
+
+def scoped_settings(**more) -> HttpSettings:
+    """An admin token for the whole store and alice's for ["users", "alice"]."""
+    return HttpSettings(tokens={ADMIN: TokenScope(), ALICE: TokenScope.of(["users", "alice"])},
+                        allowed_hosts=TEST_HOSTS, **more)
 
 
 def free_port() -> int:
@@ -53,3 +61,19 @@ class LiveServer:
         self.thread.join(timeout=20)
 
 
+
+
+def stop_sidecar(memory) -> None:
+    """Stops the sidecar a closed store started, if it still runs (the conftest's stop_sidecar_after, for a store
+    that outlives one test)."""
+    import os
+    import signal
+
+    from tiered_recall import hot
+
+    if hot.segment_path(memory.sidecar_name).exists():
+        try:
+            with hot.HotTier.attach(memory.sidecar_name) as tier:
+                os.kill(tier.owner_pid, signal.SIGTERM)
+        except Exception:
+            pass  # gone meanwhile: it exits by itself once orphaned

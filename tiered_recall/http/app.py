@@ -42,8 +42,11 @@ def create_app(store: Any, *, settings: Optional[HttpSettings] = None, metrics: 
             if close_store:
                 store.close()
 
+    # docs_url and redoc_url would serve pages that fetch their scripts from a CDN: the browser at / works offline.
+    # Operation ids are the endpoints' names (add, search, get_one...), what client generators name methods after.
     app = FastAPI(title=TITLE, version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None,
-                  lifespan=lifespan, separate_input_output_schemas=False)
+                  lifespan=lifespan, separate_input_output_schemas=False,
+                  generate_unique_id_function=lambda route: route.name)
     app.state.store = store
     app.state.settings = settings
     app.state.tokens = Tokens(settings.tokens)

@@ -14,8 +14,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from ..namespaces import namespace_labels, under_prefix
 from .access import Access
 from .convert import cursor_key, hit_json, memory_json, namespace_param, parse_cursor
+from ..coordinator.validate import MAX_ID
 from .models import (MAX_PAGE, AddRequest, Added, Counted, Deleted, Found, Got, IdsRequest, Namespaces, Page,
-                     SearchRequest, StoredMemory, timestamp)
+                     SearchRequest, StoredMemory, id_range, timestamp)
 from .problems import BadInput, NotFound, responses
 from .where import check_where
 
@@ -25,7 +26,8 @@ router = APIRouter(prefix="/v1", tags=["memories"])
 # Every endpoint that takes a body can be refused for its size, a token's scope or a store that cannot serve.
 COMMON = (401, 403, 413, 422, 503)
 NAMESPACE_QUERY = ("A namespace name (users/alice), or a JSON list of labels ([\"users\",\"alice\"]), URL-encoded.")
-ID_PATH = Path(description="A memory id (digits).", pattern="^[0-9]{1,19}$")
+# The route takes digits only ({memory_id:int}), so that /memories/get and /memories/delete are never read as ids.
+ID_PATH = Path(description="A memory id.", ge=0, le=MAX_ID)
 
 
 async def access_of(request: Request,
@@ -54,13 +56,6 @@ def _check_vector(vector: list[float], store: Any, field: str) -> None:
         raise BadInput(f"{field} is all zeros: a vector needs a direction to be stored or searched by")
 
 
-def _parsed_id(value: str) -> int:
-    memory_id = int(value)
-    if memory_id >= 1 << 63:
-        raise BadInput("id (path) is at most 2**63 - 1 (9223372036854775807)")
-    return memory_id
-
-
 @router.post("/memories", summary="Add memories", responses=responses(400, 409, *COMMON))
 def add(body: AddRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Added:
     """Stores one memory or a batch in one namespace, durable on disk when the answer comes; gives their ids in the
@@ -85,6 +80,7 @@ def add(body: AddRequest, access: Access = Depends(access_of), store: Any = Depe
                                "(a memory's expiry): use ttl for an expiry and another key for your data")
     ids = None if rows[0].id is None else [row.id for row in rows]
     if ids is not None:
+        _check_ids(ids, "memories[{i}].id")
         if len(set(ids)) != len(ids):
             raise BadInput("memories[].id repeats within one add: give each memory its own id")
         if not access.whole_store:  # an upsert must not take over a memory outside the token's namespaces
@@ -128,11 +124,18 @@ def search(body: SearchRequest, access: Access = Depends(access_of), store: Any 
     return Found.model_validate(found)
 
 
+def _check_ids(ids: list[int], field: str) -> None:
+    fault = id_range(ids, field)
+    if fault is not None:
+        raise BadInput(fault)
+
+
 def _get(ids: list[int], access: Access, store: Any) -> list:
+    _check_ids(ids, "ids[{i}]")
     return access.readable(store.get(ids))
 
 
-@router.post("/memories/get", summary="Get memories by id", responses=responses(*COMMON))
+@router.post("/memories/get", summary="Get memories by id", responses=responses(400, *COMMON))
 def get_many(body: IdsRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Got:
     """Memories by id, in the order asked; the ids with no memory (or none the token may read) are listed apart."""
     found = _get(body.ids, access, store)
@@ -140,11 +143,10 @@ def get_many(body: IdsRequest, access: Access = Depends(access_of), store: Any =
                missing=[str(i) for i, m in zip(body.ids, found) if m is None])
 
 
-@router.get("/memories/{memory_id}", summary="Get one memory", responses=responses(400, 404, 401, 403, 422, 503))
-def get_one(memory_id: str = ID_PATH, access: Access = Depends(access_of),
+@router.get("/memories/{memory_id:int}", summary="Get one memory", responses=responses(404, 401, 403, 422, 503))
+def get_one(memory_id: int = ID_PATH, access: Access = Depends(access_of),
             store: Any = Depends(store_of)) -> StoredMemory:
     """One memory by id; 404 when there is none (or none the token may read)."""
-    memory_id = _parsed_id(memory_id)
     found = _get([memory_id], access, store)[0]
     if found is None:
         raise NotFound(f"no memory with id {memory_id}")
@@ -159,19 +161,18 @@ def _delete(ids: list[int], access: Access, store: Any) -> Deleted:
     return Deleted(deleted=deleted, asked=len(ids), missing=[str(i) for i, m in zip(ids, found) if m is None])
 
 
-@router.post("/memories/delete", summary="Delete memories by id", responses=responses(409, *COMMON))
+@router.post("/memories/delete", summary="Delete memories by id", responses=responses(400, 409, *COMMON))
 def delete_many(body: IdsRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Deleted:
     """Forgets memories by id, from both tiers; says how many there were. An id with no memory (or none the token
     may delete) is skipped and listed in missing."""
     return _delete(body.ids, access, store)
 
 
-@router.delete("/memories/{memory_id}", summary="Delete one memory",
-               responses=responses(400, 404, 409, 401, 403, 422, 503))
-def delete_one(memory_id: str = ID_PATH, access: Access = Depends(access_of),
+@router.delete("/memories/{memory_id:int}", summary="Delete one memory",
+               responses=responses(404, 409, 401, 403, 422, 503))
+def delete_one(memory_id: int = ID_PATH, access: Access = Depends(access_of),
                store: Any = Depends(store_of)) -> Deleted:
     """Forgets one memory, from both tiers; 404 when there is none (or none the token may delete)."""
-    memory_id = _parsed_id(memory_id)
     done = _delete([memory_id], access, store)
     if done.deleted == 0:
         raise NotFound(f"no memory with id {memory_id}")
@@ -180,7 +181,7 @@ def delete_one(memory_id: str = ID_PATH, access: Access = Depends(access_of),
 
 @router.get("/memories", summary="List a namespace's memories, newest first",
             responses=responses(400, 401, 403, 422, 503))
-def page(namespace: Optional[str] = Query(None, min_length=1, max_length=2048, description=NAMESPACE_QUERY + " Left "
+def list_memories(namespace: Optional[str] = Query(None, min_length=1, max_length=2048, description=NAMESPACE_QUERY + " Left "
                                           "out: every namespace the token reaches."),
          limit: int = Query(50, ge=1, le=MAX_PAGE, description=f"Memories on the page, 1 to {MAX_PAGE}."),
          cursor: Optional[str] = Query(None, max_length=64, pattern="^[0-9]+-[0-9]+$",

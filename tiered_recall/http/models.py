@@ -7,7 +7,7 @@ import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from ..coordinator.validate import MAX_ID, MAX_K
 
@@ -17,14 +17,30 @@ MAX_PAGE = 500
 DIGITS = re.compile(r"[0-9]{1,19}")
 
 
+def _whole(value: Any) -> Any:
+    """A JSON number with no fraction (135.0) as the integer it is: JSON Schema's "integer" takes it."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _id_value(value: Union[int, str]) -> int:
     if isinstance(value, str):
         if not DIGITS.fullmatch(value):
             raise ValueError("an id is an integer or a string of digits, e.g. \"4611686018427387904\"")
         value = int(value)
-    if not 0 <= value <= MAX_ID:
+    if value < 0:
         raise ValueError("an id is between 0 and 2**63 - 1 (9223372036854775807)")
-    return value
+    return value  # past 2**63 - 1: refused by the endpoint (id_range), since JSON tools read the schema's maximum
+    # as a float, which takes a few values past it
+
+
+def id_range(ids: list[int], field: str) -> None:
+    """BadInput-worthy: the first id past 2**63 - 1, as a message naming its field; None when all fit."""
+    for i, value in enumerate(ids):
+        if value > MAX_ID:
+            return f"{field.format(i=i)} is {value}, past the largest id, 2**63 - 1 (9223372036854775807)"
+    return None
 
 
 # Ranges and patterns are in the schema and checked here again: pydantic's own message for a union names both branches.
@@ -33,6 +49,7 @@ MemoryId = Annotated[
         Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_ID})],
         Annotated[str, WithJsonSchema({"type": "string", "pattern": "^[0-9]{1,19}$"})],
     ],
+    BeforeValidator(_whole),
     AfterValidator(_id_value),
     Field(description="A memory id: an integer, or the same digits as a string (exact where JavaScript numbers lose "
                       "digits past 2**53: send back the id_str the API gives)."),
@@ -112,7 +129,7 @@ class SearchRequest(Strict):
         None, description="What to look for, in words. Give query or vector.")
     vector: Optional[Annotated[list[float], Field(min_length=1, max_length=8192)]] = Field(
         None, description="A query vector of the store's width. Give query or vector.")
-    k: Annotated[int, Field(ge=1, le=MAX_K)] = Field(10, description=f"How many hits, 1 to {MAX_K}.")
+    k: Annotated[int, BeforeValidator(_whole)] = Field(10, ge=1, le=MAX_K, description=f"How many hits, 1 to {MAX_K}.")
     namespace: Optional[Namespace] = Field(None, description="Only this namespace.")
     namespace_prefix: Optional[Namespace] = Field(
         None, description="Every namespace under these labels ([\"users\"] takes [\"users\", \"alice\"]). Not "

@@ -69,8 +69,11 @@ STATUS_WORDS = {400: "The request cannot be served as sent; the message says how
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The documented error answers of an endpoint, for FastAPI's responses=."""
-    return {status: {"model": Problem, "description": STATUS_WORDS[status]} for status in statuses}
+    """The documented error answers of an endpoint, for FastAPI's responses= (JSON even where the endpoint's own
+    answer is not)."""
+    problem_json = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    return {status: {"model": Problem, "description": STATUS_WORDS[status], "content": problem_json}
+            for status in statuses}
 
 
 def problem(status: int, kind: str, message: str, fields: list | None = None,
@@ -118,6 +121,16 @@ def _validation(request: Request, error: RequestValidationError) -> JSONResponse
     return problem(422, "invalid_request", summary, fields)
 
 
+def _methods_of(app: FastAPI, path: str) -> list[str]:
+    """Every method some route of the app takes at this path."""
+    methods: set[str] = set()
+    for route in app.routes:
+        regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and route_methods and regex.match(path):
+            methods.update(route_methods)
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     """Registers the handlers on app."""
 
@@ -145,7 +158,10 @@ def install(app: FastAPI) -> None:
         message = {404: f"no such endpoint: {request.url.path} (the OpenAPI document at /openapi.json lists them)",
                    405: f"{request.method} is not an operation of {request.url.path}"}.get(error.status_code,
                                                                                            str(error.detail))
-        return problem(error.status_code, kind, message, headers=getattr(error, "headers", None))
+        headers = getattr(error, "headers", None)
+        if error.status_code == 405:  # Starlette's Allow names the first route of the path; a path may have several
+            headers = {**(headers or {}), "Allow": ", ".join(_methods_of(request.app, request.url.path))}
+        return problem(error.status_code, kind, message, headers=headers)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, error: Exception) -> JSONResponse:

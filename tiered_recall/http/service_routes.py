@@ -68,7 +68,7 @@ def metrics(request: Request, access: Access = Depends(access_of)) -> PlainTextR
 
 
 @router.get("/", include_in_schema=False)
-async def page() -> HTMLResponse:
+async def browser_page() -> HTMLResponse:
     """The memory browser."""
     html = resources.files(__package__).joinpath("browser", "index.html").read_text(encoding="utf-8")
     return HTMLResponse(html, headers=PAGE_HEADERS)
