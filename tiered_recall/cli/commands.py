@@ -439,6 +439,7 @@ def http_server(
                                        "body taken."),
     workers: int = typer.Option(1, "--workers", metavar="N", help="Server processes, each with the store open "
                                 "(docs/http.md: when more than one pays)."),
+    access_log: bool = typer.Option(False, "--access-log", help="Log a line per request (method, path, status)."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
     preset: Optional[PresetName] = PRESET, hot_capacity: Optional[int] = HOT_CAPACITY,
 ) -> None:
@@ -480,4 +481,4 @@ def http_server(
     options["path"] = str(memory.path)
     note(f"tiered-recall http: the store at {memory.path}; the memory browser at http://{host}:{port}/"
          + (" (it asks for the token)" if tokens else ""))
-    serve(ServeOptions(store=options, settings=settings, workers=workers), store=memory)
+    serve(ServeOptions(store=options, settings=settings, workers=workers, access_log=access_log), store=memory)

@@ -24,12 +24,13 @@ class ServeOptions:
     settings: HttpSettings
     workers: int = 1
     log_level: str = "info"
+    access_log: bool = False  # a line per request costs the hot path tens of microseconds; --access-log turns it on
 
     def to_json(self) -> str:
         settings = asdict(self.settings)
         settings["tokens"] = {token: scope.prefix for token, scope in self.settings.tokens.items()}
         return json.dumps({"store": self.store, "settings": settings, "workers": self.workers,
-                           "log_level": self.log_level})
+                           "log_level": self.log_level, "access_log": self.access_log})
 
     @classmethod
     def from_json(cls, text: str) -> "ServeOptions":
@@ -40,7 +41,7 @@ class ServeOptions:
             if settings.get(key) is not None:
                 settings[key] = tuple(settings[key])
         return cls(store=data["store"], settings=HttpSettings(**settings), workers=data["workers"],
-                   log_level=data["log_level"])
+                   log_level=data["log_level"], access_log=data["access_log"])
 
 
 def open_store(options: dict[str, Any]):
@@ -62,7 +63,8 @@ def serve(options: ServeOptions, store: Optional[Any] = None) -> None:
     import uvicorn
 
     common = dict(host=options.settings.host, port=options.settings.port, log_level=options.log_level,
-                  server_header=False, proxy_headers=False, timeout_graceful_shutdown=10)
+                  access_log=options.access_log, server_header=False, proxy_headers=False,
+                  timeout_graceful_shutdown=10)
     if options.workers == 1:
         app = create_app(store if store is not None else open_store(options.store), settings=options.settings,
                          close_store=True)
