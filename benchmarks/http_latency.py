@@ -74,6 +74,21 @@ class Connection:
         self.writer.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its children that were waited for, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its live children (a server's workers)."""
+    total = cpu_seconds(pid)
+    for child in Path(f"/proc/{pid}/task").glob("*/children"):
+        for kid in child.read_text().split():
+            total += cpu_seconds(int(kid))
+    return total
+
+
 def start(args: list[str], port: int, env: dict | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 600  # N workers each import the package and open the store: slow on 2 busy cores
@@ -104,8 +119,13 @@ def serve_store(store: Path, workers: int) -> tuple[subprocess.Popen, int]:
     return start(cli, port), port
 
 
-def alternated(direct, port: int, path: str, bodies: list[bytes], queries: list, blocks: int) -> dict:
-    """p50/p99 of direct(query) and of the same search over HTTP, alternated in blocks on one connection."""
+def alternated(direct, port: int, path: str, bodies: list[bytes], queries: list, blocks: int,
+               server_pid: int) -> dict:
+    """p50/p99 of direct(query) and of the same search over HTTP, alternated in blocks on one connection; and the
+    CPU time each costs (this process's for direct calls, the server's for requests): a figure that other work on a
+    shared machine does not inflate the way it does wall-clock latency."""
+    cpu = {"direct": 0.0, "server": 0.0}
+
     async def run():
         conn = await Connection(port).open()
         for body in bodies[:50]:  # warm both
@@ -115,26 +135,35 @@ def alternated(direct, port: int, path: str, bodies: list[bytes], queries: list,
         own, http = [], []
         size = max(1, len(bodies) // blocks)
         for lo in range(0, len(bodies), size):
+            c0 = time.process_time()
             for q in queries[lo:lo + size]:
                 t0 = time.perf_counter()
                 direct(q)
                 own.append(time.perf_counter() - t0)
+            cpu["direct"] += time.process_time() - c0
+            c0 = tree_cpu_seconds(server_pid)
             for body in bodies[lo:lo + size]:
                 t0 = time.perf_counter()
                 status, answer = await conn.post(path, body)
                 http.append(time.perf_counter() - t0)
                 assert status == 200, answer[:300]
+            cpu["server"] += tree_cpu_seconds(server_pid) - c0
         conn.close()
         return own, http
 
     own, http = asyncio.run(run())
     out = {"direct": pcts(own), "http": pcts(http)}
     out["http_adds_p50_us"] = round(out["http"]["p50_us"] - out["direct"]["p50_us"], 1)
+    out["direct_cpu_us"] = round(cpu["direct"] / len(own) * 1e6, 1)  # this process, the sidecar's share not counted
+    out["server_cpu_us"] = round(cpu["server"] / len(http) * 1e6, 1)  # the server process, the same search inside
+    out["http_adds_cpu_us"] = round(out["server_cpu_us"] - out["direct_cpu_us"], 1)
     return out
 
 
-def load(port: int, path: str, bodies: list[bytes], clients: int, seconds: float, headers: str = "") -> dict:
-    """Searches per second with `clients` connections each sending its next search when the last is answered."""
+def load(port: int, path: str, bodies: list[bytes], clients: int, seconds: float, headers: str = "",
+         pids: tuple[int, ...] = ()) -> dict:
+    """Searches per second with `clients` connections each sending its next search when the last is answered, and
+    the CPU time per search of this client and of the processes `pids` (the server, the sidecar)."""
     async def client(i: int, until: float, counts: list[int]) -> None:
         conn = await Connection(port).open()
         n = i
@@ -148,11 +177,17 @@ def load(port: int, path: str, bodies: list[bytes], clients: int, seconds: float
     async def run():
         counts = [0] * clients
         await asyncio.gather(*(client(i, time.perf_counter() + 1.0, [0] * clients) for i in range(clients)))  # warm
+        before = [tree_cpu_seconds(pid) for pid in pids], time.process_time()
         t0 = time.perf_counter()
         await asyncio.gather(*(client(i, t0 + seconds, counts) for i in range(clients)))
-        return sum(counts) / (time.perf_counter() - t0)
+        rate = sum(counts) / (time.perf_counter() - t0)
+        after = [tree_cpu_seconds(pid) for pid in pids], time.process_time()
+        n = max(1, sum(counts))
+        used = [round((b - a) / n * 1e6, 1) for a, b in zip(before[0], after[0])]
+        return rate, used, round((after[1] - before[1]) / n * 1e6, 1)
 
-    return {"clients": clients, "searches_per_s": round(asyncio.run(run()))}
+    rate, used, client_us = asyncio.run(run())
+    return {"clients": clients, "searches_per_s": round(rate), "cpu_us_per_search": used, "client_cpu_us": client_us}
 
 
 def vector_bodies(queries: np.ndarray, k: int) -> list[bytes]:
@@ -231,6 +266,7 @@ def main() -> None:
                 memory.add([f"m{i}" for i in range(lo, min(args.rows, lo + 5000))], vectors=x[lo:lo + 5000],
                            namespace="bench")
             figures["vector_rule"] = memory.search(queries[0], k=args.k, namespace="bench", explain=True).rule
+            sidecar = memory.stats()["sidecar"]["owner_pid"]
             bodies = vector_bodies(queries, args.k)
             for workers in args.workers:
                 proc, port = serve_store(vectors, workers)
@@ -238,9 +274,9 @@ def main() -> None:
                     if workers == args.workers[0]:
                         figures["vector_search"] = alternated(
                             lambda q: memory.search(q, k=args.k, namespace="bench"), port, "/v1/search", bodies,
-                            list(queries), args.blocks)
-                    figures[f"vector_load_{workers}_workers"] = load(port, "/v1/search", bodies, args.clients,
-                                                                     args.seconds)
+                            list(queries), args.blocks, proc.pid)
+                    figures[f"vector_load_{workers}_workers"] = load(
+                        port, "/v1/search", bodies, args.clients, args.seconds, pids=(proc.pid, sidecar))
                 finally:
                     stop(proc)
         text_queries = [" ".join(rng.choice(WORDS, 3)) for _ in range(min(args.queries, 1000))]
@@ -251,7 +287,7 @@ def main() -> None:
             proc, port = serve_store(texts, args.workers[0])
             try:
                 figures["text_search"] = alternated(lambda q: memory.search(q, k=args.k, namespace="bench"), port,
-                                                    "/v1/search", text_bodies, text_queries, args.blocks)
+                                                    "/v1/search", text_bodies, text_queries, args.blocks, proc.pid)
                 figures["text_rule"] = memory.search(text_queries[0], k=args.k, namespace="bench", explain=True).rule
             finally:
                 stop(proc)
@@ -263,13 +299,16 @@ def main() -> None:
     v = figures["vector_search"]
     print(f"vector search, {args.rows} x {args.dim}, k={args.k} (rule {figures['vector_rule']}): TieredMemory p50 "
           f"{v['direct']['p50_us']} us, HTTP p50 {v['http']['p50_us']} us (adds {v['http_adds_p50_us']} us), "
-          f"HTTP p99 {v['http']['p99_us']} us")
+          f"HTTP p99 {v['http']['p99_us']} us; CPU a search: TieredMemory {v['direct_cpu_us']} us, the server "
+          f"{v['server_cpu_us']} us (adds {v['http_adds_cpu_us']} us)")
     t = figures["text_search"]
     print(f"text search, fast preset (rule {figures['text_rule']}): TieredMemory p50 {t['direct']['p50_us']} us, HTTP "
-          f"p50 {t['http']['p50_us']} us (adds {t['http_adds_p50_us']} us)")
+          f"p50 {t['http']['p50_us']} us (adds {t['http_adds_p50_us']} us); CPU a search: TieredMemory "
+          f"{t['direct_cpu_us']} us, the server {t['server_cpu_us']} us (adds {t['http_adds_cpu_us']} us)")
     for workers in args.workers:
-        print(f"{args.clients} clients, {workers} worker(s): "
-              f"{figures[f'vector_load_{workers}_workers']['searches_per_s']} searches/s")
+        f = figures[f"vector_load_{workers}_workers"]
+        print(f"{args.clients} clients, {workers} worker(s): {f['searches_per_s']} searches/s; CPU a search: server "
+              f"{f['cpu_us_per_search'][0]} us, sidecar {f['cpu_us_per_search'][1]} us, client {f['client_cpu_us']} us")
     if "chroma" in figures:
         c = figures["chroma"]
         if "error" in c:

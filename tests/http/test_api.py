@@ -191,7 +191,8 @@ def test_bad_inputs_are_4xx_that_name_the_field(client):
     assert client.get(f"/v1/memories/{1 << 63}", headers=H).status_code == 422
     assert client.get("/v1/memories", params={"cursor": "x"}, headers=H).status_code == 422
     assert client.get("/v1/count", params={"namespace": "[1]"}, headers=H).status_code == 400
-    assert client.get("/nowhere").json()["error"] == "not_found"
+    assert client.get("/nowhere", headers=H).json()["error"] == "not_found"
+    assert client.get("/nowhere").status_code == 401  # no token: nothing is said, not even what exists
     assert client.put("/v1/search", headers=H).status_code == 405
 
 

@@ -22,6 +22,7 @@ class Access:
 
     @property
     def whole_store(self) -> bool:
+        """Whether this Access reaches every namespace."""
         return self.prefix is None
 
     def covers(self, name: str) -> bool:
@@ -66,6 +67,19 @@ def _labels(name: str) -> str:
     return json.dumps(list(namespace_labels(name)), ensure_ascii=False)
 
 
+ACCESS_KEY = "tiered_recall.access"  # where RequestGuard leaves a request's Access in its ASGI scope
+
+
+def reach(request) -> tuple[Access, object]:
+    """What a request may reach, and the store: the Access the guard found for its token (checked here where no
+    guard ran: never assumed)."""
+    app = request.app
+    access = request.scope.get(ACCESS_KEY)
+    if access is None:
+        access = app.state.tokens.access(request.headers.get("authorization"))
+    return access, app.state.store
+
+
 class Tokens:
     """The tokens a server takes. A request's token is hashed and looked up by its digest, so that the lookup's time
     tells nothing of how much of a token was right; no token is asked for where none is configured."""
@@ -79,6 +93,7 @@ class Tokens:
 
     @property
     def required(self) -> bool:
+        """Whether calls must carry a token (some are configured)."""
         return bool(self._by_digest)
 
     def access(self, authorization: Optional[str]) -> Access:

@@ -9,12 +9,13 @@ from typing import Any, Optional
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 
 from .. import __version__
 from . import memory_routes, problems, service_routes
 from .access import Tokens
-from .guard import RequestGuard
+from .guard import OPEN_PATHS, RequestGuard
 from .settings import HttpSettings
 
 TITLE = "tiered-recall"
@@ -49,7 +50,7 @@ def create_app(store: Any, *, settings: Optional[HttpSettings] = None, metrics: 
                   generate_unique_id_function=lambda route: route.name)
     app.state.store = store
     app.state.settings = settings
-    app.state.tokens = Tokens(settings.tokens)
+    app.state.tokens = tokens = Tokens(settings.tokens)
     app.state.metrics = _registry(store, metrics)
     problems.install(app)
     app.include_router(memory_routes.router)
@@ -58,8 +59,28 @@ def create_app(store: Any, *, settings: Optional[HttpSettings] = None, metrics: 
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes, hosts=settings.host_check)
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes, hosts=settings.host_check,
+                       tokens=tokens)
+    app.openapi = lambda: _document(app)
     return app
+
+
+def _document(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's OpenAPI document, with the bearer token the guard checks (not a FastAPI dependency, which would
+    cost every call a dependency resolution) on every operation that needs it."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, description=app.description,
+                               routes=app.routes, separate_input_output_schemas=False)
+        document.setdefault("components", {})["securitySchemes"] = {"HTTPBearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "Authorization: Bearer TOKEN; needed when the server was given tokens (always, when "
+                           "bound beyond loopback)."}}
+        for path, operations in document["paths"].items():
+            if path not in OPEN_PATHS:
+                for operation in operations.values():
+                    operation["security"] = [{"HTTPBearer": []}]
+        app.openapi_schema = document
+    return app.openapi_schema
 
 
 def _registry(store: Any, metrics: Any):

@@ -25,7 +25,7 @@ def memory_json(memory: Any) -> dict:
 def hit_json(hit: Any) -> dict:
     """A Hit as a FoundMemory body."""
     out = memory_json(hit)
-    out["score"] = _finite(hit.score)
+    out["score"] = float(hit.score)
     out["tier"] = hit.tier
     return out
 
@@ -71,7 +71,7 @@ def plain(value: Any) -> Any:
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)):
-        return _finite(float(value))
+        return finite(float(value))
     if isinstance(value, datetime):
         return value.isoformat()
     if value is None or isinstance(value, str):
@@ -79,5 +79,6 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
-def _finite(value: float) -> Optional[float]:
-    return float(value) if math.isfinite(value) else None
+def finite(value: Optional[float]) -> Optional[float]:
+    """A float as JSON takes it: None for None, NaN and the infinities."""
+    return float(value) if value is not None and math.isfinite(value) else None

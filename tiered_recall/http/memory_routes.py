@@ -1,27 +1,29 @@
 """The endpoints over memories: add, search, get and delete (one or a batch), a namespace's memories a page at a time
 (newest first), counts and namespaces. Each checks the request once (in the request's JSON spelling), keeps a
 scoped token inside its namespaces, and calls the store's public methods in a worker thread (FastAPI runs a plain
-def endpoint there), so that the event loop never waits on the store."""
+def endpoint there), so that the event loop never waits on the store. Search and get, an agent's hot path, are
+async endpoints that make that one hop themselves and write their JSON answer directly: FastAPI would hop to a
+thread again to check the answer against its model, which costs more than the hot search itself."""
 from __future__ import annotations
 
+import functools
+import json
 from collections import deque
 from typing import Any, Optional
 
 import numpy as np
-from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 
 from ..namespaces import namespace_labels, under_prefix
-from .access import Access
-from .convert import cursor_key, hit_json, memory_json, namespace_param, parse_cursor
+from .access import Access, reach
+from .convert import cursor_key, finite, hit_json, memory_json, namespace_param, parse_cursor
 from ..coordinator.validate import MAX_ID
 from .models import (MAX_PAGE, AddRequest, Added, Counted, Deleted, Found, Got, IdsRequest, Namespaces, Page,
                      SearchRequest, StoredMemory, id_range, timestamp)
 from .problems import BadInput, NotFound, responses
 from .where import check_where
 
-bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer TOKEN; needed when the server was given "
-                                                  "tokens (always, when bound beyond loopback).")
 router = APIRouter(prefix="/v1", tags=["memories"])
 # Every endpoint that takes a body can be refused for its size, a token's scope or a store that cannot serve.
 COMMON = (401, 403, 413, 422, 503)
@@ -30,18 +32,15 @@ NAMESPACE_QUERY = ("A namespace name (users/alice), or a JSON list of labels ([\
 ID_PATH = Path(description="A memory id.", ge=0, le=MAX_ID)
 
 
-async def access_of(request: Request,
-                    credentials: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> Access:
-    """The Access of the request's bearer token (Unauthorized without one the server takes, where it takes any)."""
-    tokens = request.app.state.tokens
-    if not tokens.required:
-        return Access(None)
-    return tokens.access(request.headers.get("authorization"))
+def answer(body: dict) -> Response:
+    """A JSON answer written as it is (its shape is the endpoint's response model, which the tests check)."""
+    return Response(json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")),
+                    media_type="application/json")
 
 
-async def store_of(request: Request) -> Any:
-    """The store the app serves."""
-    return request.app.state.store
+async def in_thread(method, *args: Any, **kwargs: Any) -> Any:
+    """A store call in a worker thread."""
+    return await run_in_threadpool(functools.partial(method, *args, **kwargs))
 
 
 def _dim(store: Any) -> Optional[int]:
@@ -57,9 +56,10 @@ def _check_vector(vector: list[float], store: Any, field: str) -> None:
 
 
 @router.post("/memories", summary="Add memories", responses=responses(400, 409, *COMMON))
-def add(body: AddRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Added:
+def add(body: AddRequest, request: Request) -> Added:
     """Stores one memory or a batch in one namespace, durable on disk when the answer comes; gives their ids in the
     order sent. A memory of an id that exists is replaced (an upsert): adds by id are idempotent."""
+    access, store = reach(request)
     name = access.namespace(body.namespace)
     rows = body.memories
     for what in ("text", "vector", "id"):
@@ -96,11 +96,12 @@ def add(body: AddRequest, access: Access = Depends(access_of), store: Any = Depe
     return Added(ids=added, id_strs=[str(i) for i in added], namespace=name, labels=list(namespace_labels(name)))
 
 
-@router.post("/search", summary="Search memories", responses=responses(400, *COMMON))
-def search(body: SearchRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Found:
+@router.post("/search", summary="Search memories", response_model=Found, responses=responses(400, *COMMON))
+async def search(body: SearchRequest, request: Request) -> Response:
     """The k memories closest to a text or a vector, best first, each with its score and the tier that served it;
     in one namespace, under a prefix, or everywhere the token reaches. With explain, the rule that decided the
     answer, the tiers read and the store's time."""
+    access, store = reach(request)
     if (body.query is None) == (body.vector is None):
         raise BadInput("give query (the text to look for) or vector (your own embedding), one of the two")
     if body.namespace is not None and body.namespace_prefix is not None:
@@ -114,14 +115,16 @@ def search(body: SearchRequest, access: Access = Depends(access_of), store: Any 
     if body.where is not None:
         check_where(body.where)
     query = body.query if body.query is not None else np.asarray(body.vector, dtype=np.float32)
-    report = store.search(query, k=body.k, namespace=namespace, namespace_prefix=prefix, where=body.where,
-                          hybrid=body.hybrid, stages=body.stages, explain=True)
+    report = await in_thread(store.search, query, k=body.k, namespace=namespace, namespace_prefix=prefix,
+                             where=body.where, hybrid=body.hybrid, stages=body.stages, explain=True)
     hits = report.hits if access.whole_store else [h for h in report.hits if access.covers(h.namespace)]
-    found = {"hits": [hit_json(h) for h in hits]}
+    found: dict[str, Any] = {"hits": [hit_json(h) for h in hits]}
     if body.explain:
-        found.update(rule=report.rule, path=report.path, seconds=report.seconds, hot_kth=report.hot_kth,
-                     cold_bound=report.cold_bound)
-    return Found.model_validate(found)
+        found.update(rule=report.rule, path=report.path, seconds=finite(report.seconds),
+                     hot_kth=finite(report.hot_kth), cold_bound=finite(report.cold_bound))
+    else:
+        found.update(rule=None, path=None, seconds=None, hot_kth=None, cold_bound=None)
+    return answer(found)
 
 
 def _check_ids(ids: list[int], field: str) -> None:
@@ -135,22 +138,24 @@ def _get(ids: list[int], access: Access, store: Any) -> list:
     return access.readable(store.get(ids))
 
 
-@router.post("/memories/get", summary="Get memories by id", responses=responses(400, *COMMON))
-def get_many(body: IdsRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Got:
+@router.post("/memories/get", summary="Get memories by id", response_model=Got, responses=responses(400, *COMMON))
+async def get_many(body: IdsRequest, request: Request) -> Response:
     """Memories by id, in the order asked; the ids with no memory (or none the token may read) are listed apart."""
-    found = _get(body.ids, access, store)
-    return Got(memories=[memory_json(m) for m in found if m is not None],
-               missing=[str(i) for i, m in zip(body.ids, found) if m is None])
+    access, store = reach(request)
+    found = await in_thread(_get, body.ids, access, store)
+    return answer({"memories": [memory_json(m) for m in found if m is not None],
+                   "missing": [str(i) for i, m in zip(body.ids, found) if m is None]})
 
 
-@router.get("/memories/{memory_id:int}", summary="Get one memory", responses=responses(404, 401, 403, 422, 503))
-def get_one(memory_id: int = ID_PATH, access: Access = Depends(access_of),
-            store: Any = Depends(store_of)) -> StoredMemory:
+@router.get("/memories/{memory_id:int}", summary="Get one memory", response_model=StoredMemory,
+            responses=responses(400, 404, 401, 403, 422, 503))
+async def get_one(request: Request, memory_id: int = ID_PATH) -> Response:
     """One memory by id; 404 when there is none (or none the token may read)."""
-    found = _get([memory_id], access, store)[0]
+    access, store = reach(request)
+    found = (await in_thread(_get, [memory_id], access, store))[0]
     if found is None:
         raise NotFound(f"no memory with id {memory_id}")
-    return StoredMemory.model_validate(memory_json(found))
+    return answer(memory_json(found))
 
 
 def _delete(ids: list[int], access: Access, store: Any) -> Deleted:
@@ -162,17 +167,18 @@ def _delete(ids: list[int], access: Access, store: Any) -> Deleted:
 
 
 @router.post("/memories/delete", summary="Delete memories by id", responses=responses(400, 409, *COMMON))
-def delete_many(body: IdsRequest, access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Deleted:
+def delete_many(body: IdsRequest, request: Request) -> Deleted:
     """Forgets memories by id, from both tiers; says how many there were. An id with no memory (or none the token
     may delete) is skipped and listed in missing."""
+    access, store = reach(request)
     return _delete(body.ids, access, store)
 
 
 @router.delete("/memories/{memory_id:int}", summary="Delete one memory",
                responses=responses(404, 409, 401, 403, 422, 503))
-def delete_one(memory_id: int = ID_PATH, access: Access = Depends(access_of),
-               store: Any = Depends(store_of)) -> Deleted:
+def delete_one(request: Request, memory_id: int = ID_PATH) -> Deleted:
     """Forgets one memory, from both tiers; 404 when there is none (or none the token may delete)."""
+    access, store = reach(request)
     done = _delete([memory_id], access, store)
     if done.deleted == 0:
         raise NotFound(f"no memory with id {memory_id}")
@@ -181,15 +187,15 @@ def delete_one(memory_id: int = ID_PATH, access: Access = Depends(access_of),
 
 @router.get("/memories", summary="List a namespace's memories, newest first",
             responses=responses(400, 401, 403, 422, 503))
-def list_memories(namespace: Optional[str] = Query(None, min_length=1, max_length=2048, description=NAMESPACE_QUERY + " Left "
+def list_memories(request: Request, namespace: Optional[str] = Query(None, min_length=1, max_length=2048, description=NAMESPACE_QUERY + " Left "
                                           "out: every namespace the token reaches."),
          limit: int = Query(50, ge=1, le=MAX_PAGE, description=f"Memories on the page, 1 to {MAX_PAGE}."),
          cursor: Optional[str] = Query(None, max_length=64, pattern="^[0-9]+-[0-9]+$",
-                                       description="The next_cursor of the page before; left out: the newest."),
-         access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Page:
+                                       description="The next_cursor of the page before; left out: the newest.")) -> Page:
     """One page of memories, newest first (ties by id, highest first); pass next_cursor back for the next page. A
     page reads through the namespace's memories (oldest first, as the store keeps them), so its time grows with
     the namespace."""
+    access, store = reach(request)
     name = None if namespace is None else access.namespace(namespace_param(namespace, "namespace"))
     before = parse_cursor(cursor)
     kept: deque = deque(maxlen=limit + 1)
@@ -205,11 +211,11 @@ def list_memories(namespace: Optional[str] = Query(None, min_length=1, max_lengt
 
 
 @router.get("/count", summary="Count memories", responses=responses(400, 401, 403, 422, 503))
-def count(namespace: Optional[str] = Query(None, min_length=1, max_length=2048, description=NAMESPACE_QUERY),
+def count(request: Request, namespace: Optional[str] = Query(None, min_length=1, max_length=2048, description=NAMESPACE_QUERY),
           namespace_prefix: Optional[str] = Query(None, min_length=1, max_length=2048,
-                                                  description="Every namespace under this prefix. " + NAMESPACE_QUERY),
-          access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Counted:
+                                                  description="Every namespace under this prefix. " + NAMESPACE_QUERY)) -> Counted:
     """Memories in one namespace, under a prefix, or (neither given) in every namespace the token reaches."""
+    access, store = reach(request)
     if namespace is not None and namespace_prefix is not None:
         raise BadInput("give namespace or namespace_prefix, not both")
     name, prefix = access.search_scope(namespace_param(namespace, "namespace"),
@@ -222,8 +228,9 @@ def count(namespace: Optional[str] = Query(None, min_length=1, max_length=2048, 
 
 
 @router.get("/namespaces", summary="List namespaces", responses=responses(401, 422, 503))
-def namespaces(access: Access = Depends(access_of), store: Any = Depends(store_of)) -> Namespaces:
+def namespaces(request: Request) -> Namespaces:
     """Every namespace the token reaches, by name, with its memories and how many of them are hot now."""
+    access, store = reach(request)
     listed = [{"namespace": n, "labels": list(namespace_labels(n)), "memories": int(v["memories"]), "hot": int(v["hot"])}
               for n, v in store.namespaces().items() if access.covers(n)]
     return Namespaces.model_validate({"namespaces": listed, "memories": sum(x["memories"] for x in listed)})

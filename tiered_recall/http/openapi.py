@@ -21,6 +21,7 @@ def render(document: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Writes the document to argv[1], or to stdout."""
     text = render(openapi_document())
     if len(argv) > 1:
         with open(argv[1], "w", encoding="utf-8") as out:

@@ -30,18 +30,26 @@ class HttpProblem(Exception):
 
 
 class BadInput(HttpProblem):
+    """A request the store cannot serve as sent (400)."""
+
     status, kind = 400, "invalid_input"
 
 
 class Unauthorized(HttpProblem):
+    """No token, or not one this server takes (401)."""
+
     status, kind = 401, "unauthorized"
 
 
 class Forbidden(HttpProblem):
+    """A namespace outside the token's scope (403)."""
+
     status, kind = 403, "forbidden"
 
 
 class NotFound(HttpProblem):
+    """No such memory, or none the token may reach (404)."""
+
     status, kind = 404, "not_found"
 
 

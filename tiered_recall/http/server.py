@@ -27,6 +27,7 @@ class ServeOptions:
     access_log: bool = False  # a line per request costs the hot path tens of microseconds; --access-log turns it on
 
     def to_json(self) -> str:
+        """The options as JSON, for the environment of worker processes."""
         settings = asdict(self.settings)
         settings["tokens"] = {token: scope.prefix for token, scope in self.settings.tokens.items()}
         return json.dumps({"store": self.store, "settings": settings, "workers": self.workers,
@@ -34,6 +35,7 @@ class ServeOptions:
 
     @classmethod
     def from_json(cls, text: str) -> "ServeOptions":
+        """The options to_json wrote."""
         data = json.loads(text)
         settings = data["settings"]
         settings["tokens"] = {token: TokenScope(prefix) for token, prefix in settings["tokens"].items()}

@@ -6,13 +6,12 @@ import logging
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from ..errors import TieredRecallError
-from .access import Access
+from .access import reach
 from .convert import plain
-from .memory_routes import access_of, store_of
 from .models import Health, Readiness
 from .problems import NotFound, responses
 
@@ -25,10 +24,11 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' d
 
 
 @router.get("/v1/stats", tags=["store"], summary="The store's stats", responses=responses(401, 403, 422, 503))
-def stats(access: Access = Depends(access_of), store: Any = Depends(store_of)) -> dict[str, Any]:
+def stats(request: Request) -> dict[str, Any]:
     """Rows per tier, namespaces, how often the hot tier answered alone, latency by path and rule, the sidecar's
     counters, and store_metrics (every process of the store added up): TieredMemory.stats() as JSON. It covers the
     whole store, so a token scoped to a prefix may not read it."""
+    access, store = reach(request)
     access.whole("the store's stats")
     return plain(store.stats())
 
@@ -41,9 +41,10 @@ async def health() -> Health:
 
 @router.get("/ready", tags=["service"], summary="Readiness",
             responses={503: {"model": Readiness, "description": "The store does not serve now"}})
-def ready(store: Any = Depends(store_of)) -> Any:
+def ready(request: Request) -> Any:
     """Whether the store serves (no token needed): 200 when it does, with its hot tier's state (a store without a
     hot tier serves from the cold tier, exact and slower), 503 when it does not."""
+    store = request.app.state.store
     try:
         found = store.stats()
     except TieredRecallError as error:
@@ -55,9 +56,10 @@ def ready(store: Any = Depends(store_of)) -> Any:
 @router.get("/metrics", tags=["service"], summary="Prometheus metrics", response_class=PlainTextResponse,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                              "description": "The Prometheus text format"}, **responses(401, 403, 404, 422, 503)})
-def metrics(request: Request, access: Access = Depends(access_of)) -> PlainTextResponse:
+def metrics(request: Request) -> PlainTextResponse:
     """The store's metrics in the Prometheus text format: searches by path and rule with latency histograms, adds,
     rows per tier; every process of the store added up. Scrape it with the server's token (one not scoped)."""
+    access, _ = reach(request)
     access.whole("the store's metrics")
     registry = request.app.state.metrics
     if registry is None:
