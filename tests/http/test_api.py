@@ -240,3 +240,19 @@ def test_the_page_is_served_with_its_script_and_style(client):
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert "async function api(" in client.get("/browser/app.js").text
     assert client.get("/browser/style.css").status_code == 200
+
+
+def test_a_bug_is_a_plain_500_with_no_traceback(caplog):
+    class Broken:
+        """A store whose count fails the way a bug does (not a TieredRecallError)."""
+
+        def count(self, namespace=None):
+            raise RuntimeError("secret internals /home/x/store.py line 9")
+
+    client = TestClient(create_app(Broken(), settings=HttpSettings(allowed_hosts=TEST_HOSTS)),
+                        raise_server_exceptions=False)
+    r = client.get("/v1/count")
+    assert r.status_code == 500 and r.json() == {
+        "error": "internal", "message": "the server failed on this request (a bug: its log has the details)"}
+    assert "secret internals" not in r.text
+    assert any("GET /v1/count failed" in record.getMessage() for record in caplog.records)
