@@ -47,9 +47,10 @@ def blocks(language: str) -> list[tuple[str, str]]:
 def test_every_block_says_its_language():
     for document in DOCUMENTS:
         for match in FENCE.finditer(document.read_text()):
-            assert match.group(1) in ("python", "bash", "text"), (
+            assert match.group(1) in ("python", "bash", "text", "javascript", "shell"), (
                 f"{document.relative_to(ROOT)}: a code block marked {match.group(1)!r}: mark it python or bash (run "
-                "by this test) or text (not code)")
+                "by this test), javascript or shell (curl against a live server: tests/http/test_http_docs.py), or "
+                "text (not code)")
 
 
 @pytest.fixture

@@ -417,3 +417,68 @@ def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder:
     except TieredRecallError as error:
         fail(error)
     serve(memory)  # closes the store when the client goes
+
+
+@app.command(name="http", cls=PlainHelp)
+def http_server(
+    port: int = typer.Option(8765, "--port", metavar="PORT", help="Port to listen on (0: any free one)."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", help="Address to listen on: this machine only "
+                             "by default; any other (0.0.0.0, a LAN address) needs a bearer token, made and kept in "
+                             "the store folder if none is given."),
+    token: Optional[str] = typer.Option(None, "--token", metavar="TOKEN", envvar="TIERED_RECALL_TOKEN",
+                                        help="The bearer token every call must carry (or set TIERED_RECALL_TOKEN)."),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", metavar="FILE", help="Tokens, one a line: TOKEN, "
+                                              "or TOKEN PREFIX for a token that reaches only the namespaces under "
+                                              "PREFIX (users/alice or [\"users\",\"alice\"]); mode 600."),
+    scope: Optional[str] = typer.Option(None, "--scope", metavar="PREFIX", help="Limit --token to the namespaces "
+                                        "under PREFIX (users/alice or [\"users\",\"alice\"])."),
+    cors_origin: Optional[List[str]] = typer.Option(None, "--cors-origin", metavar="ORIGIN", help="Let web pages of "
+                                                    "ORIGIN (https://app.example.com) call the API; repeatable; none "
+                                                    "by default."),
+    max_body_bytes: int = typer.Option(16 << 20, "--max-body-bytes", metavar="BYTES", help="The largest request "
+                                       "body taken."),
+    workers: int = typer.Option(1, "--workers", metavar="N", help="Server processes, each with the store open "
+                                "(docs/http.md: when more than one pays)."),
+    access_log: bool = typer.Option(False, "--access-log", help="Log a line per request (method, path, status)."),
+    store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
+    preset: Optional[PresetName] = PRESET, hot_capacity: Optional[int] = HOT_CAPACITY,
+) -> None:
+    """Serve the store over HTTP until Ctrl-C: a JSON API for agents in any language (docs/http.md, its OpenAPI
+    document at /openapi.json) and a memory browser at http://HOST:PORT/."""
+    try:
+        from ..http.server import ServeOptions, serve
+        from ..http.settings import HttpSettings
+        from ..http.tokens import given_tokens, kept_token
+    except ImportError as error:
+        if (error.name or "").split(".")[0] == "tiered_recall":
+            raise
+        fail(f"the HTTP server needs FastAPI and uvicorn ({error}): pip install \"tiered-recall[http]\"")
+    if workers < 1:
+        fail(f"--workers must be 1 or more, got {workers}")
+    options = {"path": None if store is None else str(store), "device": device.value, "hot_capacity": hot_capacity,
+               "preset": None if preset is None else preset.value, "option_names": OPTION_FLAGS}
+    if embedder is not None:
+        options["embedder"] = embedder
+
+    def settings_of(tokens) -> "HttpSettings":
+        return HttpSettings(host=host, port=port, tokens=tokens, cors_origins=tuple(cors_origin or ()),
+                            max_body_bytes=max_body_bytes)
+
+    try:  # the options are checked before the store opens: a bad one is a plain error here
+        tokens = given_tokens(host=host, token=token, token_file=token_file, scope=scope)
+        settings = settings_of(tokens) if tokens is not None else None
+        memory = _open(store, device, embedder, preset, hot_capacity)
+    except TieredRecallError as error:
+        fail(error)
+    if settings is None:  # beyond loopback with no token given: the one kept in the store folder, made once
+        try:
+            tokens, line = kept_token(host=host, scope=scope, keep_in=memory.path)
+            settings = settings_of(tokens)
+        except TieredRecallError as error:
+            memory.close()
+            fail(error)
+        typer.echo(line, err=True)  # not wrapped: the token must come out whole
+    options["path"] = str(memory.path)
+    note(f"tiered-recall http: the store at {memory.path}; the memory browser at http://{host}:{port}/"
+         + (" (it asks for the token)" if tokens else ""))
+    serve(ServeOptions(store=options, settings=settings, workers=workers, access_log=access_log), store=memory)
