@@ -139,56 +139,75 @@ def test_the_sweep_deletes_in_the_background_and_refresh_keeps_a_memory(open_mem
         memory.add("x", vectors=x[0], namespace="n", metadata={"_tr_expires_at_us": 1})
 
 
-def _search_while_expiring(path: str, device: str, seconds: float, seed: int, results) -> None:
-    """A second process's searches during the race: counts hits that had expired before the search began."""
+def _search_while_expiring(path: str, device: str, seed: int, ready, seen, stop, results) -> None:
+    """A second process's searches during the race: counts hits that had expired before the search began. It says
+    when its store is open (ready), how many hits with a time to live it has seen (seen), and searches until the
+    writer is done (stop)."""
     from tiered_recall import TieredMemory
 
     rng = np.random.default_rng(seed)
     searches = expiring = violations = 0
     with TieredMemory(path, dim=DIM, embedder=None, device=device, ttl_sweep_s=0.2, orphan_grace_s=2.0) as memory:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        ready.set()
+        deadline = time.monotonic() + 300.0  # only if the writer died: it sets stop
+        while not stop.is_set() and time.monotonic() < deadline:
             started_us = time.time_ns() // 1000
             for hit in memory.search(unit_rows(rng, 1)[0], k=10, namespace="race"):
                 if hit.expires_at is not None:
                     expiring += 1
                     violations += hit.expires_at.timestamp() * 1e6 <= started_us
             searches += 1
+            seen.value = expiring
     results.put((device, searches, expiring, violations))
 
 
 @pytest.mark.slow
 def test_expiry_races_searches_from_two_processes(open_memory, tmp_path):
+    """Two processes (a CPU hot tier, and none) search while a third adds memories that expire within 50-400 ms:
+    no search returns a memory that had expired before it began. The writer starts only once both searchers have
+    opened the store, and it writes for 4.5 s and until each has seen enough hits that expire (a loaded machine
+    makes fewer adds in a fixed window); they search until it is done. A fixed window from the searchers' start let
+    the writer finish before they had opened the store at all on a loaded machine."""
     import multiprocessing
 
     memory = open_memory(path=tmp_path / "race", ttl_sweep_s=0.2)  # the writer, with a CPU hot tier
     rng = np.random.default_rng(9)
     memory.add([f"seed-{i}" for i in range(40)], vectors=unit_rows(rng, 40), namespace="race", ttl=0.3)
     context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    searchers = [context.Process(target=_search_while_expiring, args=(str(tmp_path / "race"), device, 4.0, n, results))
+    results, stop = context.Queue(), context.Event()
+    ready = [context.Event(), context.Event()]
+    seen = [context.Value("q", 0), context.Value("q", 0)]
+    searchers = [context.Process(target=_search_while_expiring,
+                                 args=(str(tmp_path / "race"), device, n, ready[n], seen[n], stop, results))
                  for n, device in enumerate(["cpu", "none"])]
     for p in searchers:
         p.start()
-    forever = 0
-    deadline = time.monotonic() + 4.5
-    while time.monotonic() < deadline:  # memories that expire within 50-400 ms, most of what a search can find
-        n = int(rng.integers(1, 6))
-        memory.add([f"m{time.monotonic_ns()}-{i}" for i in range(n)], vectors=unit_rows(rng, n), namespace="race",
-                   ttl=float(rng.uniform(0.05, 0.4)))
-        if rng.random() < 0.2:
-            memory.add(["forever"], vectors=unit_rows(rng, 1), namespace="race")
-            forever += 1
-        time.sleep(0.01)
+    try:
+        for event, p in zip(ready, searchers):
+            assert event.wait(timeout=120), f"searcher {p.name} did not open the store in 120 s"
+        forever = 0
+        started = time.monotonic()
+        # memories that expire within 50-400 ms, most of what a search can find
+        while time.monotonic() - started < 4.5 or min(v.value for v in seen) <= 100:
+            assert time.monotonic() - started < 180, f"the searchers saw {[v.value for v in seen]} expiring hits"
+            n = int(rng.integers(1, 6))
+            memory.add([f"m{time.monotonic_ns()}-{i}" for i in range(n)], vectors=unit_rows(rng, n),
+                       namespace="race", ttl=float(rng.uniform(0.05, 0.4)))
+            if rng.random() < 0.2:
+                memory.add(["forever"], vectors=unit_rows(rng, 1), namespace="race")
+                forever += 1
+            time.sleep(0.01)
+    finally:
+        stop.set()
     reports = [results.get(timeout=60) for _ in searchers]
     for p in searchers:
         p.join(timeout=30)
         assert p.exitcode == 0
     for device, searches, expiring, violations in reports:
-        assert searches > 20 and expiring > 50, (device, searches, expiring)  # the race did happen
+        assert searches > 20 and expiring > 100, (device, searches, expiring)  # the race did happen
         assert violations == 0, f"{device}: {violations} hits had expired before their search began"
     # Every memory with a time to live has expired by now: the sweeps leave only the ones without.
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + 30.0
     while memory.count("race") > forever and time.monotonic() < deadline:
         time.sleep(0.1)
     assert memory.count("race") == forever
