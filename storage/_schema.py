@@ -100,6 +100,40 @@ def sql_id_list(ids: np.ndarray) -> str:
     return "(" + ",".join(str(int(i)) for i in ids.tolist()) + ")"
 
 
+def filter_escape(where: str) -> str | None:
+    """Why a caller's where filter could reach past the conditions it is put beside (filter_sql puts it inside
+    parentheses next to the namespace condition, and a search of a prefix next to its namespaces): parentheses that do
+    not balance outside its quoted strings and names, an open quote, a SQL comment or a statement break. None when it
+    has none of them. LanceDB checks the SQL itself when it runs it."""
+    depth, quote, i = 0, None, 0
+    while i < len(where):
+        c = where[i]
+        if quote is not None:
+            if c == quote:
+                if where[i + 1:i + 2] == quote:  # a doubled quote stands for itself
+                    i += 1
+                else:
+                    quote = None
+        elif c in "'\"`":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth < 0:
+                return "closes a parenthesis it did not open: balance its parentheses"
+        elif where.startswith(("--", "/*"), i):
+            return "holds a SQL comment (-- or /*): write the filter without one"
+        elif c == ";":
+            return "holds a ';': give one filter expression, not statements"
+        i += 1
+    if quote is not None:
+        return f"leaves a {quote} quote open: close it (write a quote inside a string twice: 'O''Brien')"
+    if depth:
+        return "leaves a parenthesis open: balance its parentheses"
+    return None
+
+
 def filter_sql(namespace: str | None, where: str | None, excluded: np.ndarray | None = None) -> str | None:
     """One LanceDB filter for a namespace, a caller's where filter and ids to leave out (None: no filter)."""
     parts = []

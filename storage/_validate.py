@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import InvalidInput
 from ..namespaces import validate_namespace
 from ..sync import encode_metadata
+from ._schema import filter_escape
 
 
 def check_dim(dim: Any) -> int:
@@ -87,6 +88,9 @@ def check_where(where: str | None) -> str | None:
         return None
     if not isinstance(where, str) or not where.strip():
         raise InvalidInput(f"where must be a non-empty SQL filter string such as \"role = 'user'\", got {where!r}")
+    escape = filter_escape(where)
+    if escape is not None:
+        raise InvalidInput(f"where {escape}")
     return where
 
 

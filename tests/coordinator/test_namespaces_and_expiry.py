@@ -72,6 +72,27 @@ def test_prefix_search_is_exact_through_both_tiers(open_memory, monkeypatch, nam
     assert memory.search(other[0], k=3, namespace_prefix=("nobody",)) == []
 
 
+@pytest.mark.parametrize("where", ["1=1) OR (1=1", "role = 'user') OR (1=1", "1=1 OR namespace = 'x' --",
+                                   "1=1 /* x */", "role = 'user'; DELETE FROM memories", "(role = 'user'",
+                                   "role = 'user"])
+def test_a_where_filter_cannot_reach_past_its_scope(open_memory, where):
+    """The store puts a where filter inside parentheses beside the namespace condition: a filter that closes them,
+    opens a comment or a quote, or holds a statement break is refused, not run over every namespace."""
+    memory = open_memory(device="none")
+    rng = np.random.default_rng(3)
+    memory.add(["alice's"], vectors=unit_rows(rng, 1), namespace=("users", "alice"), role="user")
+    memory.add(["bob's"], vectors=unit_rows(rng, 1), namespace=("users", "bob"), role="user")
+    q = unit_rows(rng, 1)[0]
+    for scope in (dict(namespace_prefix=("users", "alice")), dict(namespace=("users", "alice"))):
+        with pytest.raises(InvalidInput, match="where"):
+            memory.search(q, k=5, where=where, **scope)
+        with pytest.raises(InvalidInput, match="where"):
+            memory.cold.search(q, k=5, namespace="users/alice", where=where)
+    # quoted parentheses, doubled quotes and the like stay allowed
+    hits = memory.search(q, k=5, namespace_prefix=("users", "alice"), where="role = 'user' OR text = 'a '')('")
+    assert [h.text for h in hits] == ["alice's"]
+
+
 def test_list_namespaces_by_prefix_suffix_depth_and_page(open_memory):
     memory = open_memory()
     x = unit_rows(np.random.default_rng(2), 1)[0]

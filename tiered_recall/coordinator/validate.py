@@ -218,9 +218,16 @@ def ttl(value: Any) -> float | None:
 
 
 def where(value: Any) -> str | None:
-    """None or a non-empty SQL filter string (the cold tier checks the SQL when it runs it)."""
+    """None or a non-empty SQL filter string that stays inside the parentheses the store puts it in (LanceDB checks
+    the SQL when it runs it): a filter that closed them could reach past the namespace it is searched in."""
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise InvalidInput("where must be a non-empty SQL filter string, e.g. \"role = 'user'\"")
+    if value is not None:
+        from ..storage import filter_escape  # the cold tier owns the SQL it builds; imported with it
+
+        escape = filter_escape(value)
+        if escape is not None:
+            raise InvalidInput(f"where {escape}")
     return value
 
 

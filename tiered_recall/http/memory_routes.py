@@ -22,7 +22,6 @@ from ..coordinator.validate import MAX_ID
 from .models import (MAX_PAGE, AddRequest, Added, Counted, Deleted, Found, Got, IdsRequest, Namespaces, Page,
                      SearchRequest, StoredMemory, id_range, timestamp)
 from .problems import BadInput, NotFound, responses
-from .where import check_where
 
 router = APIRouter(prefix="/v1", tags=["memories"])
 # Every endpoint that takes a body can be refused for its size, a token's scope or a store that cannot serve.
@@ -112,8 +111,6 @@ async def search(body: SearchRequest, request: Request) -> Response:
             if getattr(body, flag):
                 raise BadInput(f"{flag} ranks texts: it needs query, not vector")
     namespace, prefix = access.search_scope(body.namespace, body.namespace_prefix)
-    if body.where is not None:
-        check_where(body.where)
     query = body.query if body.query is not None else np.asarray(body.vector, dtype=np.float32)
     report = await in_thread(store.search, query, k=body.k, namespace=namespace, namespace_prefix=prefix,
                              where=body.where, hybrid=body.hybrid, stages=body.stages, explain=True)
