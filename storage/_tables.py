@@ -21,9 +21,38 @@ _LANCE_METADATA_CACHE_BYTES = 4 << 20
 _LANCE_RECONNECT_VERSIONS = 5_000
 
 
+# LanceDB imports lance_namespace, which takes the models of the generated REST namespace client from this package;
+# the package's own __init__ also imports every API class of that client (pydantic validate_call over hundreds of
+# methods): more than half of `import lancedb`, for a client a store in a folder or a bucket never calls.
+_REST_CLIENT = "lance_namespace_urllib3_client"
+
+
+def _defer_rest_client() -> None:
+    """Registers the REST client's package without running its __init__: its submodules (the models lance_namespace
+    imports) load as usual, and the first read of a name of the package itself runs the __init__ then."""
+    import importlib.util
+    import sys
+
+    if _REST_CLIENT in sys.modules:
+        return
+    spec = importlib.util.find_spec(_REST_CLIENT)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return  # not installed as a package: lancedb's import says what is missing
+    package = importlib.util.module_from_spec(spec)
+
+    def load_on_first_use(name: str):
+        del package.__dict__["__getattr__"]
+        spec.loader.exec_module(package)
+        return getattr(package, name)
+
+    package.__getattr__ = load_on_first_use
+    sys.modules[_REST_CLIENT] = package
+
+
 def lancedb():
-    """The lancedb module, imported on first use so that LANCE_CPU_THREADS set by the caller takes effect."""
-    # Imported on first use so that LANCE_CPU_THREADS set by the caller takes effect before LanceDB's runtime starts.
+    """The lancedb module, imported on first use so that LANCE_CPU_THREADS set by the caller takes effect before
+    LanceDB's runtime starts, with the REST namespace client's API classes left until something uses them."""
+    _defer_rest_client()
     import lancedb as _lancedb
     return _lancedb
 

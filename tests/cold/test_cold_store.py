@@ -464,3 +464,23 @@ def test_stats_lists_versions_again_when_another_process_cleans_one_up_meanwhile
         table.list_versions = broken
         with pytest.raises(StorageError, match="read table statistics"):
             store.stats()
+
+
+def test_opening_a_store_leaves_lancedbs_rest_namespace_client_unloaded_until_used(tmp_path):
+    """The REST namespace client's API classes (most of `import lancedb`) are not loaded by a store in a folder; a
+    first use of the client's package loads them then, whole."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from tiered_recall.storage import ColdStore
+with ColdStore({str(tmp_path / "cold")!r}, dim=4) as store:
+    store.count()
+assert "lance_namespace_urllib3_client.api" not in sys.modules, "the REST client's API was imported"
+import lance_namespace_urllib3_client as client
+assert client.ApiClient.__name__ == "ApiClient" and "lance_namespace_urllib3_client.api" in sys.modules
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

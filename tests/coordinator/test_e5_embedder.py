@@ -105,3 +105,40 @@ def test_the_torch_backend_on_the_gpu_gives_onnxruntimes_vectors(e5: E5Embedder)
         assert cosine > 0.99
     assert ((gpu.embed_passages(TEXTS) * e5.embed_passages(TEXTS)).sum(axis=1) > 0.99).all()
     assert ((gpu.embed_queries(QUESTIONS) * e5.embed_queries(QUESTIONS)).sum(axis=1) > 0.99).all()
+
+
+_EMBED_IN_A_NEW_PROCESS = """
+import json, sys
+from tiered_recall.embedders import E5Embedder
+vectors = E5Embedder(backend="onnx").embed_passages(json.loads(sys.argv[1]))
+print(json.dumps({"vectors": vectors.tolist(), "onnx_imported": "onnx" in sys.modules}))
+"""
+
+
+def test_the_built_graph_is_cached_per_user_and_a_damaged_one_is_built_again(tmp_path) -> None:
+    """The first process builds the graph (with the onnx package) and keeps it in the user's cache folder; the next
+    reads it (no onnx import) and gives the same vectors; a torn file is built again, with a warning, not used."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def embed() -> tuple[dict, str]:
+        done = subprocess.run([sys.executable, "-c", _EMBED_IN_A_NEW_PROCESS, json.dumps(TEXTS)], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+    built, _ = embed()
+    cached_files = list((tmp_path / "cache" / "tiered-recall" / "e5-onnx").glob("*.onnx"))
+    assert built["onnx_imported"] and len(cached_files) == 1
+    cached, _ = embed()
+    assert not cached["onnx_imported"]
+    np.testing.assert_array_equal(np.array(cached["vectors"]), np.array(built["vectors"]))
+    data = cached_files[0].read_bytes()
+    cached_files[0].write_bytes(data[: len(data) // 3])  # torn, as by a full disk
+    rebuilt, stderr = embed()
+    assert rebuilt["onnx_imported"] and "could not be loaded" in stderr
+    np.testing.assert_array_equal(np.array(rebuilt["vectors"]), np.array(built["vectors"]))
+    assert cached_files[0].read_bytes() == data

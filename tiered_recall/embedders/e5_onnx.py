@@ -1,8 +1,12 @@
-"""Runs the E5 encoder on the CPU through onnxruntime: the graph is built in memory from the shipped weights, with
-int8 weights (one scale per output column) and int8 activations quantized per call (DynamicQuantizeMatMul)."""
+"""Runs the E5 encoder on the CPU through onnxruntime: the graph is built from the shipped weights, with int8 weights
+(one scale per output column) and int8 activations quantized per call (DynamicQuantizeMatMul), once per machine:
+later processes read it from the user's cache folder (building it takes the onnx package and most of a second)."""
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import threading
 
 import numpy as np
 
@@ -14,6 +18,12 @@ OPSET = 17
 # refuses ("Unsupported model IR version"); 8 is what opset 17 needs, read by every onnxruntime this supports.
 IR_VERSION = 8
 FEW_TOKENS = 256  # a forward pass over at most this many tokens (batch x length) runs on the query session
+# Changes whenever build_graph makes a different graph from the same weights: the cached graph of another builder
+# is then never read.
+GRAPH_BUILDER = "e5-onnx-int8-v1"
+CACHE_FOLDER_NAME = "e5-onnx"
+
+logger = logging.getLogger("tiered_recall")
 
 
 def _import_runtime():
@@ -21,14 +31,73 @@ def _import_runtime():
     # import; a storage library has no business reporting anything, so it is off unless the user turned it on.
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     try:
-        import onnx
         import onnxruntime
     except ImportError as error:
         raise InvalidInput(f"the E5 embedder's CPU backend needs {error.name}, which is not installed; "
                            f"{E5_INSTALL_HINT}") from None
     if os.environ["ORT_DISABLE_TELEMETRY"] == "1":
         onnxruntime.disable_telemetry_events()  # for an application that imported onnxruntime before this
-    return onnx, onnxruntime
+    return onnxruntime
+
+
+def _import_onnx():
+    try:
+        import onnx
+    except ImportError as error:
+        raise InvalidInput(f"building the E5 graph needs {error.name}, which is not installed; {E5_INSTALL_HINT}"
+                           ) from None
+    return onnx
+
+
+def cache_folder() -> str:
+    """Where built graphs are kept: the user's cache folder (XDG_CACHE_HOME), tiered-recall/e5-onnx."""
+    from platformdirs import user_cache_dir
+
+    return os.path.join(user_cache_dir("tiered-recall"), CACHE_FOLDER_NAME)
+
+
+def _cache_key(weights: E5Weights) -> str:
+    """The weights file (by path, size and modification time) and the builder: a new file or builder, a new key."""
+    stat = os.stat(weights.path)
+    source = f"{GRAPH_BUILDER}|{os.path.realpath(weights.path)}|{stat.st_size}|{stat.st_mtime_ns}|{OPSET}|{IR_VERSION}"
+    return hashlib.sha256(source.encode()).hexdigest()[:24]
+
+
+def cached_graph(weights: E5Weights) -> tuple[str, bytes | None]:
+    """(where the graph of these weights is cached, its bytes or None when it is not there)."""
+    path = os.path.join(cache_folder(), _cache_key(weights) + ".onnx")
+    try:
+        with open(path, "rb") as cached:
+            return path, cached.read()
+    except FileNotFoundError:
+        return path, None
+
+
+def built_graph(weights: E5Weights, path: str) -> bytes:
+    """The serialized graph built (build_graph) and kept at `path` for the next process: whole or absent, whichever
+    process writes it. A cache that cannot be written only costs the next process the build again."""
+    model = build_graph(weights).SerializeToString()
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        partial = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(partial, "wb") as out:
+            out.write(model)
+        os.replace(partial, path)
+    except OSError as error:
+        logger.debug("tiered-recall: the E5 graph could not be cached at %s (%s): the next process builds it again",
+                     path, error)
+    return model
+
+
+def _session(onnxruntime, model: bytes, threads: int):
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # onnxruntime's warnings go to stderr, past the application's logging
+    # The graph is built fused already; the extended levels would re-fuse Add + LayerNormalization into the slower
+    # SkipLayerNormalization.
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def _int8_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -43,7 +112,7 @@ def build_graph(weights: E5Weights):
     """The encoder as an ONNX model: inputs `embeddings` (batch, tokens, hidden) float32 (word + position + type,
     before the embedding LayerNorm) and `mask` (batch, tokens) int32; output `summed`, the masked sum of the last
     hidden states (mean pooling divides by the token count outside)."""
-    onnx, _ = _import_runtime()
+    _import_onnx()
     from onnx import TensorProto, helper, numpy_helper
 
     hidden, ffn, heads = weights.hidden, weights.ffn, weights.heads
@@ -111,26 +180,38 @@ class OnnxEncoder:
     """The encoder in two onnxruntime sessions on the CPU, which share nothing but the graph: one for a few texts
     (a query) on one core fewer than this process may use, at most four (a CPU hot tier's sidecar polls on a core
     right after it answers, and one query's small matrices gain little from more threads), and one for batches on
-    every core, at most eight. `threads` sets both."""
+    every core, at most eight, made when the first batch comes (a process that only searches never needs it).
+    `threads` sets both."""
 
     def __init__(self, weights: E5Weights, *, threads: int | None = None) -> None:
-        _, onnxruntime = _import_runtime()
+        self._runtime = _import_runtime()
         cores = len(os.sched_getaffinity(0))
-        model = build_graph(weights).SerializeToString()
         self.threads = (threads or min(4, max(1, cores - 1)), threads or min(8, cores))
-        self._sessions = []
-        for count in self.threads:
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = count
-            options.inter_op_num_threads = 1
-            options.log_severity_level = 3  # onnxruntime's warnings go to stderr, past the application's logging
-            # The graph is built fused already; the extended levels would re-fuse Add + LayerNormalization into the
-            # slower SkipLayerNormalization.
-            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            self._sessions.append(onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"]))
+        path, model = cached_graph(weights)
+        session = None
+        if model is not None:
+            try:
+                session = _session(self._runtime, model, self.threads[0])
+            except Exception as error:  # a torn or foreign file: built again and replaced
+                logger.warning("tiered-recall: the cached E5 graph %s could not be loaded (%s); building it again",
+                               path, error)
+        if session is None:
+            model = built_graph(weights, path)
+            session = _session(self._runtime, model, self.threads[0])
+        self._model, self._query_session = model, session
+        self._batch_session = None
+        self._batch_lock = threading.Lock()
 
     def summed(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """(batch, hidden) masked sums of the last hidden states."""
-        session = self._sessions[0] if embeddings.shape[0] * embeddings.shape[1] <= FEW_TOKENS else self._sessions[1]
+        if embeddings.shape[0] * embeddings.shape[1] <= FEW_TOKENS:
+            session = self._query_session
+        else:
+            session = self._batch_session
+            if session is None:
+                with self._batch_lock:
+                    if self._batch_session is None:
+                        self._batch_session = _session(self._runtime, self._model, self.threads[1])
+                    session = self._batch_session
         (summed,) = session.run(None, {"embeddings": embeddings, "mask": mask})
         return summed
