@@ -332,6 +332,12 @@ class ColdStore:
         with self._read_locked(flush=self._searcher.text_table_serves(where)):
             return self._searcher.text_search_locked(text, k, namespace, where, excluded)
 
+    def warm_text_index(self) -> None:
+        """Builds the BM25 index now, as the first text search would (a store's open does it in the background, so
+        that its first search need not)."""
+        with self._read_locked(flush=False):
+            self._follower.bm25_locked()
+
     def add_row_listener(self, listener) -> None:
         """listener (rows_logged(rows), rows_deleted(ids), rows_reloaded()) hears of every row change this process's
         follower applies, another process's included; called under the store's lock, so it must not call back in."""

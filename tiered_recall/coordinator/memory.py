@@ -41,6 +41,9 @@ API_OPTION_NAMES = {"device": "device", "hot_capacity": "hot_capacity", "read_on
 # the persistent kernel holds every SM while it polls), most of that polling only delays the next query's embedding;
 # a sidecar started for an E5 store polls long enough for searches by vector that follow each other, then sleeps.
 SIDECAR_SPIN_BESIDE_E5_US = 250
+# A store of at most this many memories builds its BM25 index in the background at open, for the first text search:
+# the build holds the cold tier's lock (every search waits for it), a few hundred milliseconds at this size.
+TEXT_INDEX_WARM_MAX_ROWS = 50_000
 
 
 class TieredMemory:
@@ -492,6 +495,9 @@ class TieredMemory:
 
         try:
             self._cache.warm(stop=lambda: self._closing)
+            if self.embedder is not None and self.preset.stages.bm25_weight and not self._closing \
+                    and self.cold.count() <= TEXT_INDEX_WARM_MAX_ROWS:
+                self.cold.warm_text_index()  # the preset's stages read it at the first text search
         except Exception as error:  # the store closed under it, or a read failed: searches fill the cache instead
             if not self._closing:
                 logging.getLogger("tiered_recall").debug("tiered-recall: warming the memory cache stopped: %s", error)

@@ -6,6 +6,7 @@ import functools
 import importlib.util
 import os
 import re
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,7 +55,32 @@ class E5Embedder:
         if backend == "onnx" and device not in (None, "cpu"):
             raise InvalidInput(f"backend='onnx' runs on the CPU; device={device!r} needs backend='torch'")
         self.device = (device or "cuda") if backend == "torch" else "cpu"
-        self._encoder = _encoder(self._weights.path, backend, self.device, threads)
+        for package in ("tokenizers",) + (("onnxruntime",) if backend == "onnx" else ("torch",)):
+            if importlib.util.find_spec(package) is None:
+                raise InvalidInput(f"the E5 embedder ({backend} backend) needs {package}, which is not installed; "
+                                   f"{E5_INSTALL_HINT}")
+        # The tokenizer and the encoder load in the background (most of a second on a small CPU): a store that
+        # opens meanwhile does its own work beside them, and the first text to embed waits for them.
+        self._tokenizer = self._encoder = None
+        self._load_error: BaseException | None = None
+        self._loaded = threading.Event()
+        threading.Thread(target=self._load, args=(backend, threads), name="tiered-recall-e5-load",
+                         daemon=True).start()
+
+    def _load(self, backend: str, threads: int | None) -> None:
+        try:
+            self._tokenizer = _tokenizer(self._weights)
+            self._encoder = _encoder(self._weights.path, backend, self.device, threads)
+        except BaseException as error:  # raised again by the first embed that needs them
+            self._load_error = error
+        finally:
+            self._loaded.set()
+
+    def wait_loaded(self) -> None:
+        """Returns once the tokenizer and the encoder are loaded; raises what stopped their load."""
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Each text as "query: text", mean pooled and normalised."""
@@ -69,6 +95,8 @@ class E5Embedder:
     def token_ids(self, texts: Sequence[str], prefix: str) -> list[list[int]]:
         """Each text as the model reads it: <s>, the prefix and text's pieces (cut to max_tokens), </s>."""
         weights = self._weights
+        if not self._loaded.is_set() or self._load_error is not None:
+            self.wait_loaded()
         normalised = [_SPACE_RUNS.sub(" ", (prefix + text).translate(self._normalise)) for text in texts]
         encodings = self._tokenizer.encode_batch(normalised, add_special_tokens=False)
         keep = self.max_tokens - 2
