@@ -21,7 +21,11 @@
 /* Below this many vector elements one thread is faster than waking the pool (the scan of the codes: more). */
 #define TR_CPU_PARALLEL_ELEMENTS (1u << 21)
 #define TR_CPU_CODES_PARALLEL_ELEMENTS (1u << 23)
-#define TR_CPU_CODES_MIN_ROWS 4096u /* --codes-min-rows's default */
+/* --codes-min-rows's default: below it the query's encoding costs more than the codes save. A build may set it
+ * (-DTR_CPU_CODES_MIN_ROWS=0: every search of a sidecar started with the defaults goes through the codes). */
+#ifndef TR_CPU_CODES_MIN_ROWS
+#define TR_CPU_CODES_MIN_ROWS 1024u
+#endif
 /* After a query whose candidates overflowed, the next queries take the full scan at once: first 16, doubling on each
  * overflow in a row up to 1,024 (rows too alike for the codes cost the codes' scan once in that many queries). */
 #define TR_CPU_CODES_BACKOFF_MIN 16u
@@ -75,13 +79,14 @@ static void cpu_destroy(void *self) {
     free(b);
 }
 
-/* The codes, and per worker a scan state and a list of candidates: a sixteenth of its share of a full tier, at
- * least 512 (cpu_codes.c's admit says what a full list does). */
+/* The codes, and per worker a scan state and a list of candidates: a quarter of its share of a full tier, at least
+ * 512 (cpu_codes.c's admit says what a full list does). Re-scoring a quarter of the rows from the rows reads as many
+ * bytes as the scan of the codes of them all (f32 rows), and the full scan four times that. */
 static int setup_codes(cpu_backend *b, const tr_backend_config *cfg, uint32_t workers, char *err, size_t errlen) {
     if (tr_cpu_codes_init(&b->codes, cfg->dim, cfg->capacity, cfg->cpu_isa, err, errlen) != 0) return -1;
     b->codes_on = 1;
     b->codes_min_rows = cfg->codes_min_rows == UINT64_MAX ? TR_CPU_CODES_MIN_ROWS : cfg->codes_min_rows;
-    const uint64_t share = cfg->capacity / workers / 16;
+    const uint64_t share = cfg->capacity / workers / 4;
     b->cand_cap = share < 512 ? 512u : (share > (1u << 30) ? (1u << 30) : (uint32_t)share);
     b->scans = calloc(workers, sizeof *b->scans);
     b->cand = malloc((size_t)workers * b->cand_cap * sizeof *b->cand);
@@ -280,8 +285,8 @@ static void codes_task(void *arg, uint32_t worker, uint32_t workers) {
                         job->k};
     s->cand = b->cand + (size_t)worker * b->cand_cap;
     s->ncand = 0;
-    /* a sixteenth of this worker's rows (end - start blocks of 16), at least 512 */
-    const uint64_t cap = end - start < 512 ? 512 : end - start;
+    /* a quarter of this worker's rows (end - start blocks of 16), at least 512 */
+    const uint64_t cap = 4 * (end - start) < 512 ? 512 : 4 * (end - start);
     s->cap = cap < b->cand_cap ? (uint32_t)cap : b->cand_cap;
     job->overflow[worker] = start < end ? tr_codes_scan_blocks(s, start, end, b->rows) : 0;
 }
