@@ -16,6 +16,10 @@
 
 void tr_print_layout_json(void);
 
+/* --codes int8 is the CUDA backend's default up to this many dimensions (its kernels' shared memory past them:
+ * libtrcuda refuses a start that asks for more than the GPU has). */
+#define TR_CUDA_CODES_MAX_DIM 4096u
+
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) {
     (void)sig;
@@ -82,10 +86,11 @@ static const tr_backend_ops *pick_backend(tr_options *o) {
     if (!o->dtype) o->dtype = ops->kind == TR_BACKEND_CUDA ? "f16" : "f32";
     else if (strcmp(o->dtype, "float32") == 0) o->dtype = "f32";
     else if (strcmp(o->dtype, "float16") == 0) o->dtype = "f16";
-    /* the CUDA backend re-scores its candidates with the tensor-core arithmetic of the f16 scan */
-    const int cuda_f32 = ops->kind == TR_BACKEND_CUDA && strcmp(o->dtype, "f32") == 0;
+    /* the CUDA backend re-scores its candidates with the tensor-core arithmetic of the f16 scan, and its kernels'
+     * shared memory holds the queries of up to TR_CUDA_CODES_MAX_DIM dimensions */
+    const int cuda = ops->kind == TR_BACKEND_CUDA, cuda_f32 = cuda && strcmp(o->dtype, "f32") == 0;
     if (!o->codes) {
-        o->codes = cuda_f32 ? "off" : "int8";
+        o->codes = cuda_f32 || (cuda && o->dim > TR_CUDA_CODES_MAX_DIM) ? "off" : "int8";
     } else if (cuda_f32 && strcmp(o->codes, "int8") == 0) {
         fprintf(stderr, "tr-sidecar: --codes int8 needs --dtype f16 on the cuda backend: drop --dtype f32, or use "
                         "--codes off\n");
