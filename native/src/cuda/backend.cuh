@@ -107,6 +107,7 @@ typedef struct cuda_backend {
     uint4 *C;                   /* capacity x cvec */
     float2 *cmeta;              /* capacity: scale, bound_r */
     float4 *cflat;              /* TR_BQ_MAX x TR_CODE_FLAT candidates of a pass */
+    float *cbest;               /* TR_BQ_MAX x TR_CUDA_MAX_GRID: the blocks' best lower bounds of a pass */
     CodeState *cstate;
     size_t csmem1, csmem2;      /* dynamic shared memory of the codes' kernels, one and two query tiles */
     int code_pending;           /* the batch in flight went to the codes */

@@ -50,7 +50,7 @@ __device__ __forceinline__ float code_unkey(unsigned k) {
  * (this one's published too); the candidates whose upper bound fell below it dropped. Returns how many stay (every
  * lane); more than TR_CODE_CB - TR_BQ_ROUND: rows too alike, the pass fails over. */
 __device__ unsigned code_select(const CodeParams &p, unsigned qi, float *clo, float *chi, unsigned *crow, unsigned *cnt,
-                            float *thr) {
+                            float *thr, float *best = nullptr) {
     constexpr unsigned PER = TR_CODE_CB / 32;
     const unsigned lane = threadIdx.x & 31u, k = p.cq[qi].k, n = cnt[qi];
     float lo[PER], hi[PER];
@@ -64,7 +64,9 @@ __device__ unsigned code_select(const CodeParams &p, unsigned qi, float *clo, fl
         row[i] = j < n ? crow[qi * TR_CODE_CB + j] : 0u;
         lane_max = fmaxf(lane_max, lo[i]);
     }
-    const float bound = __shfl_sync(0xffffffffu, warp_sort_desc(lane_max), k - 1);
+    const float sorted = warp_sort_desc(lane_max);
+    const float bound = __shfl_sync(0xffffffffu, sorted, k - 1);
+    if (best && lane == 0) *best = sorted; /* the block's best lower bound: a real row's, whatever is kept */
     unsigned published = 0;
     if (lane == 0) published = atomicMax(&p.state->bound[qi], code_key(bound));
     float t = fmaxf(fmaxf(thr[qi], bound), code_unkey(__shfl_sync(0xffffffffu, published, 0)));
@@ -237,7 +239,7 @@ __device__ void code_scan_block(const CodeParams &p, unsigned blk, uint4 *bsm) {
     }
     /* the block's candidates of each query, against its final threshold, into the flat list */
     for (unsigned qi = warp; qi < p.nq; qi += TR_CUDA_WARPS) {
-        const unsigned m = code_select(p, qi, clo, chi, crow, cnt, thr);
+        const unsigned m = code_select(p, qi, clo, chi, crow, cnt, thr, p.best + qi * TR_CUDA_MAX_GRID + blk);
         if (m > TR_CODE_CB - TR_BQ_ROUND) {
             if (lane == 0) atomicExch(&p.state->abort, 1u);
             continue;
@@ -275,11 +277,13 @@ __device__ inline CodeMergeSmem code_merge_layout(uint4 *bsm) {
     return m;
 }
 
-/* The whole block merges query qi: the k-th best lower bound over the candidates, the re-score of those whose upper
- * bound reaches it, the top k into the query's results (or TR_CODE_FAIL into its hits). */
-__device__ void code_merge_query(const CodeParams &p, unsigned qi, uint4 *bsm) {
-    __shared__ unsigned s_acnt, s_lcnt, s_rcnt, s_fail;
+/* The whole block merges query qi (of a pass of G scan blocks): the k-th best lower bound over the candidates, the
+ * re-score of those whose upper bound reaches it, the top k into the query's results (or TR_CODE_FAIL into its hits).
+ * Not inlined: inlined into the fused scan kernel, its registers made the scan spill. */
+__device__ __noinline__ void code_merge_query(const CodeParams &p, unsigned qi, unsigned G, uint4 *bsm) {
+    __shared__ unsigned s_acnt, s_lcnt, s_rcnt, s_fail, s_count;
     __shared__ float s_kth;
+    __shared__ float s_group[TR_CUDA_WARPS];
     const unsigned tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u, g = lane >> 2, t = lane & 3u;
     CodeMergeSmem m = code_merge_layout(bsm);
     m.alo = reinterpret_cast<float *>(m.qf + p.nvec);
@@ -289,30 +293,50 @@ __device__ void code_merge_query(const CodeParams &p, unsigned qi, uint4 *bsm) {
     const CodeQuery &cq = p.cq[qi];
     const unsigned k = cq.k;
     const unsigned n_flat = __ldcg(&p.state->count[qi]);
-    const float bound = code_unkey(__ldcg(&p.state->bound[qi]));
+    const float threshold = code_unkey(__ldcg(&p.state->bound[qi]));
+    /* a lower bound on the k-th best lower bound: the best block threshold, and the k-th best of the blocks' best
+     * lower bounds within each group of 32 blocks (k rows of k blocks) */
+    float group = -INFINITY;
+    for (unsigned g0 = warp * 32u; g0 < G; g0 += TR_CUDA_WARPS * 32u) { /* warp-uniform */
+        const float v = g0 + lane < G ? __ldcg(p.best + qi * TR_CUDA_MAX_GRID + g0 + lane) : -INFINITY;
+        group = fmaxf(group, __shfl_sync(0xffffffffu, warp_sort_desc(v), k - 1));
+    }
     __syncthreads(); /* the previous query's readers of the shared memory are done */
+    if (lane == 0) s_group[warp] = group;
     if (tid == 0) {
         s_acnt = s_lcnt = s_rcnt = 0;
         s_fail = __ldcg(&p.state->abort) != 0 || n_flat > TR_CODE_FLAT;
-        s_kth = bound;
     }
     for (unsigned i = tid; i < p.nvec; i += blockDim.x) m.qf[i] = __ldg(p.q + (size_t)qi * p.nvec + i);
     __syncthreads();
+    float bound = threshold;
+#pragma unroll
+    for (unsigned w = 0; w < TR_CUDA_WARPS; w++) bound = fmaxf(bound, s_group[w]);
+    if (tid == 0) s_kth = bound; /* read after the barriers below */
     if (!s_fail) {
+        /* the blocks' candidates, 8 loads a thread in flight before any is used (one trip to L2, not 8) */
         const float4 *flat = p.flat + (size_t)qi * TR_CODE_FLAT;
-        for (unsigned i = tid; i < n_flat; i += blockDim.x) {
-            const float4 e = __ldcg(flat + i);
-            if (e.y >= bound) {
-                const unsigned at = atomicAdd(&s_acnt, 1u);
-                if (at < TR_CODE_ACAP) {
-                    m.alo[at] = e.x;
-                    m.ahi[at] = e.y;
-                    m.arow[at] = (unsigned long long)__float_as_uint(e.z) |
-                                 ((unsigned long long)__float_as_uint(e.w) << 32);
-                }
-                if (e.x >= bound) {
-                    const unsigned l = atomicAdd(&s_lcnt, 1u);
-                    if (l < TR_CODE_RANK) m.lv[l] = e.x;
+        for (unsigned base = 0; base < n_flat; base += 8u * blockDim.x) {
+            float4 e[8];
+#pragma unroll
+            for (unsigned u = 0; u < 8; u++) {
+                const unsigned i = base + u * blockDim.x + tid;
+                e[u] = i < n_flat ? __ldcg(flat + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (unsigned u = 0; u < 8; u++) {
+                if (base + u * blockDim.x + tid < n_flat && e[u].y >= bound) {
+                    const unsigned at = atomicAdd(&s_acnt, 1u);
+                    if (at < TR_CODE_ACAP) {
+                        m.alo[at] = e[u].x;
+                        m.ahi[at] = e[u].y;
+                        m.arow[at] = (unsigned long long)__float_as_uint(e[u].z) |
+                                     ((unsigned long long)__float_as_uint(e[u].w) << 32);
+                    }
+                    if (e[u].x >= bound) {
+                        const unsigned l = atomicAdd(&s_lcnt, 1u);
+                        if (l < TR_CODE_RANK) m.lv[l] = e[u].x;
+                    }
                 }
             }
         }
@@ -333,6 +357,23 @@ __device__ void code_merge_query(const CodeParams &p, unsigned qi, uint4 *bsm) {
             }
             if (rank == k - 1) s_kth = v;
         }
+    } else if (!fail) {
+        /* many at or above the bound: the k-th best lower bound of the candidates, bit by bit (the largest key that
+         * k of them reach) */
+        unsigned prefix = 0;
+        for (int bit = 31; bit >= 0; bit--) {
+            const unsigned cand = prefix | (1u << bit);
+            unsigned c = 0;
+            for (unsigned i = tid; i < na; i += blockDim.x) c += code_key(m.alo[i]) >= cand ? 1u : 0u;
+            c = __reduce_add_sync(0xffffffffu, c);
+            if (tid == 0) s_count = 0;
+            __syncthreads();
+            if (lane == 0) atomicAdd(&s_count, c);
+            __syncthreads();
+            if (s_count >= k) prefix = cand;
+            __syncthreads();
+        }
+        if (tid == 0) s_kth = code_unkey(prefix);
     }
     __syncthreads();
     if (!fail) {
@@ -357,7 +398,7 @@ __device__ void code_merge_query(const CodeParams &p, unsigned qi, uint4 *bsm) {
         const unsigned long long rg = vg ? m.rrow[ig] : 0ull, rh = vh ? m.rrow[ih] : 0ull;
         const uint4 *xg = p.X + rg * p.nvec, *xh = p.X + rh * p.nvec;
         float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
+#pragma unroll 8
         for (unsigned c = 0; c < p.nchunk16; c++) {
             const unsigned cc = c * 4u + t;
             const bool ok = cc < p.nvec;
@@ -414,7 +455,7 @@ __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2) code_scan_kernel(const __gri
     __syncthreads();
     if (!is_last) return;
     __threadfence(); /* acquire: every other block's candidates */
-    for (unsigned qi = 0; qi < p.nq; qi++) code_merge_query(p, qi, bsm);
+    for (unsigned qi = 0; qi < p.nq; qi++) code_merge_query(p, qi, gridDim.x, bsm);
     __syncthreads();
     if (threadIdx.x < TR_BQ_MAX) {
         p.state->count[threadIdx.x] = 0;
@@ -426,9 +467,9 @@ __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2) code_scan_kernel(const __gri
     }
 }
 
-__global__ void __launch_bounds__(TR_CUDA_BLOCK) code_merge_kernel(const __grid_constant__ CodeParams p) {
+__global__ void __launch_bounds__(TR_CUDA_BLOCK) code_merge_kernel(const __grid_constant__ CodeParams p, unsigned G) {
     extern __shared__ uint4 bsm[];
-    code_merge_query(p, blockIdx.x, bsm);
+    code_merge_query(p, blockIdx.x, G, bsm);
 }
 
 #endif

@@ -46,6 +46,7 @@ int codes_setup(cuda_backend *b, const tr_backend_config *cfg, char *err, size_t
     }
     CUDA_TRY(cudaMalloc(&b->cmeta, cap * sizeof(float2)));
     CUDA_TRY(cudaMalloc(&b->cflat, (size_t)TR_BQ_MAX * TR_CODE_FLAT * sizeof(float4)));
+    CUDA_TRY(cudaMalloc(&b->cbest, (size_t)TR_BQ_MAX * TR_CUDA_MAX_GRID * sizeof(float)));
     CUDA_TRY(cudaMalloc(&b->cstate, sizeof(CodeState)));
     CUDA_TRY(cudaMemset(b->cstate, 0, sizeof(CodeState)));
     CUDA_TRY(tr_code_kernels_allow_smem((int)b->csmem1, (int)b->csmem2));
@@ -64,6 +65,7 @@ void codes_free(cuda_backend *b) {
     cudaFree(b->C);
     cudaFree(b->cmeta);
     cudaFree(b->cflat);
+    cudaFree(b->cbest);
     cudaFree(b->cstate);
 }
 
@@ -127,6 +129,7 @@ int codes_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, char *err
     p.ids = b->ids;
     p.ns = b->ns;
     p.flat = b->cflat;
+    p.best = b->cbest;
     p.state = b->cstate;
     p.rows = b->rows;
     uint64_t rpb = (b->rows + b->grid_max - 1) / b->grid_max;

@@ -86,7 +86,7 @@ cudaError_t tr_launch_codes(const CodeParams &p, unsigned grid, size_t smem, boo
     else code_scan_kernel<1, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    code_merge_kernel<<<p.nq, TR_CUDA_BLOCK, code_merge_smem(p.nvec), stream>>>(p);
+    code_merge_kernel<<<p.nq, TR_CUDA_BLOCK, code_merge_smem(p.nvec), stream>>>(p, grid);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     return cudaMemsetAsync(p.state, 0, sizeof(CodeState), stream);

@@ -153,6 +153,7 @@ struct CodeParams {
     const uint64_t *ns;
     const uint4 *q;           /* nq x nvec f16 queries (device) */
     float4 *flat;             /* [TR_BQ_MAX][TR_CODE_FLAT]: lower bound, upper bound, row (two words) */
+    float *best;              /* [TR_BQ_MAX][TR_CUDA_MAX_GRID]: each block's best lower bound (-inf: none) */
     CodeState *state;
     unsigned *out_hits;       /* query i at i (mapped host memory) */
     unsigned long long rows;
