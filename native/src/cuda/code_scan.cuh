@@ -99,11 +99,11 @@ __device__ unsigned code_select(const CodeParams &p, unsigned qi, float *clo, fl
     return m;
 }
 
-/* One block's share of a pass over the codes (block blk of G): stages the queries, scans its run of rows in rounds
- * of 128 (8 warps x 16 rows), keeps each query's candidates and leaves them in the flat list. bsm: the dynamic
- * shared memory (code_smem). */
+/* One block's share of a pass over the codes (block blk of G): stages the queries (qsrc: p.q, or the kernel's
+ * parameters), scans its run of rows in rounds of 128 (8 warps x 16 rows), keeps each query's candidates and leaves
+ * them in the flat list. bsm: the dynamic shared memory (code_smem). */
 template <int NT>
-__device__ void code_scan_block(const CodeParams &p, unsigned blk, uint4 *bsm) {
+__device__ void code_scan_block(const CodeParams &p, const uint4 *qsrc, unsigned blk, uint4 *bsm) {
     constexpr unsigned QR = NT * 8;
     uint4 *sq = bsm;                                                  /* QR x qstride f16 queries */
     float *clo = reinterpret_cast<float *>(bsm + QR * p.qstride);     /* QR x CB */
@@ -116,7 +116,7 @@ __device__ void code_scan_block(const CodeParams &p, unsigned blk, uint4 *bsm) {
     const unsigned tid = threadIdx.x;
     for (unsigned i = tid; i < QR * p.qstride; i += blockDim.x) {
         const unsigned r = i / p.qstride, c = i - r * p.qstride;
-        sq[i] = (r < p.nq && c < p.nvec) ? __ldg(p.q + r * p.nvec + c) : make_uint4(0, 0, 0, 0);
+        sq[i] = (r < p.nq && c < p.nvec) ? qsrc[r * p.nvec + c] : make_uint4(0, 0, 0, 0);
     }
     if (tid < QR) {
         cnt[tid] = 0;
@@ -280,7 +280,8 @@ __device__ inline CodeMergeSmem code_merge_layout(uint4 *bsm) {
 /* The whole block merges query qi (of a pass of G scan blocks): the k-th best lower bound over the candidates, the
  * re-score of those whose upper bound reaches it, the top k into the query's results (or TR_CODE_FAIL into its hits).
  * Not inlined: inlined into the fused scan kernel, its registers made the scan spill. */
-__device__ __noinline__ void code_merge_query(const CodeParams &p, unsigned qi, unsigned G, uint4 *bsm) {
+__device__ __noinline__ void code_merge_query(const CodeParams &p, const uint4 *qsrc, unsigned qi, unsigned G,
+                                              uint4 *bsm) {
     __shared__ unsigned s_acnt, s_lcnt, s_rcnt, s_fail, s_count;
     __shared__ float s_kth;
     __shared__ float s_group[TR_CUDA_WARPS];
@@ -307,7 +308,7 @@ __device__ __noinline__ void code_merge_query(const CodeParams &p, unsigned qi, 
         s_acnt = s_lcnt = s_rcnt = 0;
         s_fail = __ldcg(&p.state->abort) != 0 || n_flat > TR_CODE_FLAT;
     }
-    for (unsigned i = tid; i < p.nvec; i += blockDim.x) m.qf[i] = __ldg(p.q + (size_t)qi * p.nvec + i);
+    for (unsigned i = tid; i < p.nvec; i += blockDim.x) m.qf[i] = qsrc[(size_t)qi * p.nvec + i];
     __syncthreads();
     float bound = threshold;
 #pragma unroll
@@ -442,11 +443,14 @@ __device__ __noinline__ void code_merge_query(const CodeParams &p, unsigned qi, 
 }
 
 /* FUSE: the last block to finish (a device-scope ticket, fences on both sides) merges every query and leaves the
- * pass's state zero for the next launch; otherwise code_merge_kernel merges, one block a query. */
-template <int NT, int FUSE>
-__global__ void __launch_bounds__(TR_CUDA_BLOCK, 2) code_scan_kernel(const __grid_constant__ CodeParams p) {
+ * pass's state zero for the next launch; otherwise code_merge_kernel merges, one block a query. INL: the queries ride
+ * in the parameters (qin; a pass that fits TR_BQ_INLINE uint4, always fused), with no copy before the launch. */
+template <int NT, int FUSE, int INL>
+__global__ void __launch_bounds__(TR_CUDA_BLOCK, 2)
+code_scan_kernel(const __grid_constant__ CodeParams p, const __grid_constant__ BatchInline<INL ? TR_BQ_INLINE : 1> qin) {
     extern __shared__ uint4 bsm[];
-    code_scan_block<NT>(p, blockIdx.x, bsm);
+    const uint4 *qsrc = INL ? qin.v : p.q;
+    code_scan_block<NT>(p, qsrc, blockIdx.x, bsm);
     if (!FUSE) return;
     __shared__ bool is_last;
     __threadfence(); /* this block's candidates and counts are visible device-wide before its ticket */
@@ -455,7 +459,7 @@ __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2) code_scan_kernel(const __gri
     __syncthreads();
     if (!is_last) return;
     __threadfence(); /* acquire: every other block's candidates */
-    for (unsigned qi = 0; qi < p.nq; qi++) code_merge_query(p, qi, gridDim.x, bsm);
+    for (unsigned qi = 0; qi < p.nq; qi++) code_merge_query(p, qsrc, qi, gridDim.x, bsm);
     __syncthreads();
     if (threadIdx.x < TR_BQ_MAX) {
         p.state->count[threadIdx.x] = 0;
@@ -469,7 +473,7 @@ __global__ void __launch_bounds__(TR_CUDA_BLOCK, 2) code_scan_kernel(const __gri
 
 __global__ void __launch_bounds__(TR_CUDA_BLOCK) code_merge_kernel(const __grid_constant__ CodeParams p, unsigned G) {
     extern __shared__ uint4 bsm[];
-    code_merge_query(p, blockIdx.x, G, bsm);
+    code_merge_query(p, p.q, blockIdx.x, G, bsm);
 }
 
 #endif

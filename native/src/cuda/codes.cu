@@ -119,8 +119,11 @@ int codes_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, char *err
     if (!rc) rc = ensure_batch_buffers(b, total, err, errlen);
     if (rc) return rc;
     stage_batched_queries(b, reqs, n, total);
-    CUDA_TRY(cudaMemcpyAsync(b->dq, b->hq16, (size_t)total * b->nvec * sizeof(uint4), cudaMemcpyHostToDevice,
-                             b->stream));
+    /* one query (or two, of few dimensions) rides in the kernel's parameters: no copy before the launch */
+    const bool inline_q = total * b->nvec <= TR_BQ_INLINE && total <= TR_BQ_FUSE_MAX;
+    if (!inline_q)
+        CUDA_TRY(cudaMemcpyAsync(b->dq, b->hq16, (size_t)total * b->nvec * sizeof(uint4), cudaMemcpyHostToDevice,
+                                 b->stream));
     CodeParams p;
     memset(&p, 0, sizeof p);
     p.C = b->C;
@@ -174,7 +177,8 @@ int codes_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, char *err
         p.q = b->dq + (size_t)f0 * b->nvec;
         p.out_hits = b->hres_hits_dev + f0;
         const bool fused = p.nq <= TR_BQ_FUSE_MAX;
-        CUDA_TRY(tr_launch_codes(p, grid, p.nq <= 8 ? b->csmem1 : b->csmem2, fused, b->stream));
+        CUDA_TRY(tr_launch_codes(p, grid, p.nq <= 8 ? b->csmem1 : b->csmem2, fused,
+                                 inline_q ? b->hq16 + (size_t)f0 * b->nvec : nullptr, b->stream));
     }
     CUDA_TRY(cudaEventRecord(b->batch_done, b->stream));
     b->pending = 1;

@@ -75,15 +75,24 @@ cudaError_t tr_batch_kernels_allow_smem(int smem1, int smem2) {
     return cudaSuccess;
 }
 
-cudaError_t tr_launch_codes(const CodeParams &p, unsigned grid, size_t smem, bool fused, cudaStream_t stream) {
+cudaError_t tr_launch_codes(const CodeParams &p, unsigned grid, size_t smem, bool fused, const uint4 *q_inline,
+                            cudaStream_t stream) {
     const bool two = p.nq > 8;
-    if (fused) {
-        if (two) code_scan_kernel<2, 1><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p);
-        else code_scan_kernel<1, 1><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p);
+    BatchInline<1> none;
+    memset(&none, 0, sizeof none);
+    if (q_inline) { /* one query tile, fused (tr_launch_codes' contract) */
+        BatchInline<TR_BQ_INLINE> qin;
+        memcpy(qin.v, q_inline, (size_t)p.nq * p.nvec * sizeof(uint4));
+        code_scan_kernel<1, 1, 1><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, qin);
         return cudaGetLastError();
     }
-    if (two) code_scan_kernel<2, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p);
-    else code_scan_kernel<1, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p);
+    if (fused) {
+        if (two) code_scan_kernel<2, 1, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, none);
+        else code_scan_kernel<1, 1, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, none);
+        return cudaGetLastError();
+    }
+    if (two) code_scan_kernel<2, 0, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, none);
+    else code_scan_kernel<1, 0, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, none);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     code_merge_kernel<<<p.nq, TR_CUDA_BLOCK, code_merge_smem(p.nvec), stream>>>(p, grid);
@@ -93,11 +102,13 @@ cudaError_t tr_launch_codes(const CodeParams &p, unsigned grid, size_t smem, boo
 }
 
 cudaError_t tr_code_kernels_allow_smem(int smem1, int smem2) {
-    const void *one[] = {(const void *)code_scan_kernel<1, 0>, (const void *)code_scan_kernel<1, 1>};
-    const void *two[] = {(const void *)code_scan_kernel<2, 0>, (const void *)code_scan_kernel<2, 1>};
-    for (int i = 0; i < 2; i++) {
+    const void *one[] = {(const void *)code_scan_kernel<1, 0, 0>, (const void *)code_scan_kernel<1, 1, 0>,
+                         (const void *)code_scan_kernel<1, 1, 1>};
+    const void *two[] = {(const void *)code_scan_kernel<2, 0, 0>, (const void *)code_scan_kernel<2, 1, 0>};
+    for (int i = 0; i < 3; i++) {
         cudaError_t e = cudaFuncSetAttribute(one[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem1);
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(two[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem2);
+        if (e == cudaSuccess && i < 2)
+            e = cudaFuncSetAttribute(two[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem2);
         if (e != cudaSuccess) return e;
     }
     return cudaFuncSetAttribute((const void *)code_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -19,8 +19,11 @@ cudaError_t tr_batch_kernels_allow_smem(int smem1, int smem2);
 
 /* One pass of p.nq <= TR_BQ_MAX queries over the int8 codes (code_scan.cuh): one query tile up to 8, two above.
  * fused: the scan's last block merges (one launch); otherwise code_merge_kernel merges, one block per query, and the
- * pass's state is zeroed after it. smem: the scan's and the merge's dynamic shared memory (the larger). */
-cudaError_t tr_launch_codes(const CodeParams &p, unsigned grid, size_t smem, bool fused, cudaStream_t stream);
+ * pass's state is zeroed after it. smem: the scan's and the merge's dynamic shared memory (the larger). q_inline:
+ * the pass's queries, when p.nq x p.nvec <= TR_BQ_INLINE uint4 and p.nq <= 8 and fused, to ride in the parameters
+ * (else NULL: read from p.q). */
+cudaError_t tr_launch_codes(const CodeParams &p, unsigned grid, size_t smem, bool fused, const uint4 *q_inline,
+                            cudaStream_t stream);
 /* Allows the codes' kernels the dynamic shared memory of one (smem1) and two (smem2) query tiles. */
 cudaError_t tr_code_kernels_allow_smem(int smem1, int smem2);
 
