@@ -27,7 +27,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     for rows in args.rows:
         name = f"prof-{uuid.uuid4().hex[:8]}"
-        # the persistent kernel's profile: codes off (with them, tiers of 32,768 rows and more are launched)
+        # the persistent kernel's profile: codes off (with them, tiers of --codes-min-rows rows and more are launched)
         proc = start_sidecar(name, dim=args.dim, capacity=rows, dtype="f16", backend="cuda", cuda_verbose=True,
                              cuda_profile=True, codes="off")
         hot = HotTier.attach(name)

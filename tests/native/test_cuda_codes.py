@@ -224,13 +224,13 @@ def test_moves_deletes_replacements_and_evictions_keep_the_codes_in_step(pair):
 
 def test_k_above_32_and_small_tiers_take_the_f16_scan(start, cuda_options):
     rng = np.random.default_rng(4)
-    proc, hot = start(dim=DIM, capacity=40_000, backend="cuda", **cuda_options)
+    proc, hot = start(dim=DIM, capacity=40_000, backend="cuda", codes_min_rows=30_000, **cuda_options)
     assert hot.codes == "int8"
     x = unit(rng.random((40_000, DIM)) - 0.5)
     hot.upsert(np.arange(20_000), x[:20_000], 1)
     q = unit(rng.random((1, DIM)) - 0.5)[0]
     hot.search(q, k=K)
-    assert hot.stats()["code_scans"] == 0  # below the default --codes-min-rows (32,768)
+    assert hot.stats()["code_scans"] == 0  # below --codes-min-rows
     hot.upsert(np.arange(20_000, 40_000), x[20_000:], 1)
     hot.search(q, k=K)
     hot.search(q, k=64)
