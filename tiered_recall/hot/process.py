@@ -18,6 +18,9 @@ from .native import sidecar_executable
 from .proc import pid_alive
 
 
+CPU_ISAS = ("auto", "avx512-vnni", "avx-vnni", "avx2", "scalar")  # --test-cpu-isa's choices
+
+
 class SidecarProcess:
     """A sidecar this process started (spawn + exec, never fork of a Python with state)."""
 
@@ -90,6 +93,7 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
                  exit_when_orphaned_s: float | None = None, verbose: bool = False, gather_us: int | None = None,
                  cuda_persist: bool | None = None, cuda_one_trip_max_rows: int | None = None,
                  cuda_split_max_rows: int | None = None, cuda_verbose: bool = False, cuda_profile: bool = False,
+                 codes: str | None = None, codes_min_rows: int | None = None, test_cpu_isa: str | None = None,
                  test_poison_results: bool = False, test_no_zero_copy: bool = False,
                  test_batched_server: bool = False) -> list[str]:
     """The tr-sidecar command line for these options (docs/sidecar-options.md has the table; None: its default).
@@ -97,8 +101,10 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
     gather_us: how long the server waits for the clients of a batch to come back (0: off). cuda_persist: the
     persistent kernel (False: a launch per pass). cuda_one_trip_max_rows, cuda_split_max_rows: the persistent
     kernel's builds by tier size. cuda_verbose: log the backend's choices and each persistent-kernel stop;
-    cuda_profile: its stage profile. test_*: flags for tests only (poisoned result buffers, results copied instead
-    of written into the slots, the server's batched path on any backend).
+    cuda_profile: its stage profile. codes: "int8" (8-bit codes beside the rows, scanned first; exact answers) or
+    "off"; codes_min_rows: tiers of fewer rows scan the rows. test_*: flags for tests only (the CPU scan's
+    instructions, poisoned result buffers, results copied instead of written into the slots, the server's batched
+    path on any backend).
     """
     validate_name(name)
     if not isinstance(dim, (int, np.integer)) or not 1 <= dim <= L.MAX_DIM:
@@ -109,6 +115,10 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
         raise InvalidInput(f"dtype must be 'f32' or 'f16', got {dtype!r}")
     if backend not in ("cpu", "cuda"):
         raise InvalidInput(f"backend must be 'cpu' or 'cuda', got {backend!r}")
+    if codes not in (None, "int8", "off"):
+        raise InvalidInput(f"codes must be 'int8' or 'off', got {codes!r}")
+    if test_cpu_isa not in (None, *CPU_ISAS):
+        raise InvalidInput(f"test_cpu_isa must be one of {', '.join(CPU_ISAS)}, got {test_cpu_isa!r}")
     args = [str(sidecar_executable()), "--name", name, "--dim", str(int(dim)), "--capacity", str(int(capacity)),
             "--backend", backend]
     if dtype:
@@ -131,6 +141,12 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
         args += ["--cuda-one-trip-max-rows", _flag_int("cuda_one_trip_max_rows", cuda_one_trip_max_rows)]
     if cuda_split_max_rows is not None:
         args += ["--cuda-split-max-rows", _flag_int("cuda_split_max_rows", cuda_split_max_rows)]
+    if codes is not None:
+        args += ["--codes", codes]
+    if codes_min_rows is not None:
+        args += ["--codes-min-rows", _flag_int("codes_min_rows", codes_min_rows)]
+    if test_cpu_isa is not None:
+        args += ["--test-cpu-isa", test_cpu_isa]
     for flag, on in (("--verbose", verbose), ("--cuda-verbose", cuda_verbose), ("--cuda-profile", cuda_profile),
                      ("--test-poison-results", test_poison_results), ("--test-no-zero-copy", test_no_zero_copy),
                      ("--test-batched-server", test_batched_server)):
@@ -169,8 +185,10 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
                   exit_when_orphaned_s: float | None = None, ready_timeout_s: float = 30.0,
                   detach: bool = False, gather_us: int | None = None, cuda_persist: bool | None = None,
                   cuda_one_trip_max_rows: int | None = None, cuda_split_max_rows: int | None = None,
-                  cuda_verbose: bool = False, cuda_profile: bool = False, test_poison_results: bool = False,
-                  test_no_zero_copy: bool = False, test_batched_server: bool = False,
+                  cuda_verbose: bool = False, cuda_profile: bool = False, codes: str | None = None,
+                  codes_min_rows: int | None = None, test_cpu_isa: str | None = None,
+                  test_poison_results: bool = False, test_no_zero_copy: bool = False,
+                  test_batched_server: bool = False,
                   wrapper: Sequence[str] | None = None) -> SidecarProcess | DetachedSidecar:
     """Starts `tr-sidecar` (exec'd, never a fork of this interpreter's state) and waits until it serves.
 
@@ -191,7 +209,8 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
                         threads=threads, idle_spin_us=idle_spin_us, exit_when_orphaned_s=exit_when_orphaned_s,
                         verbose=True, gather_us=gather_us, cuda_persist=cuda_persist,
                         cuda_one_trip_max_rows=cuda_one_trip_max_rows, cuda_split_max_rows=cuda_split_max_rows,
-                        cuda_verbose=cuda_verbose, cuda_profile=cuda_profile,
+                        cuda_verbose=cuda_verbose, cuda_profile=cuda_profile, codes=codes,
+                        codes_min_rows=codes_min_rows, test_cpu_isa=test_cpu_isa,
                         test_poison_results=test_poison_results, test_no_zero_copy=test_no_zero_copy,
                         test_batched_server=test_batched_server)
     log_fd, log_name = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
