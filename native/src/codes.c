@@ -8,6 +8,8 @@
 
 #include "tiered_recall/layout.h"
 
+_Static_assert(sizeof(tr_code_row) == TR_CODES_ROW_META_CPU, "the CPU's per-row code metadata is what layout.h counts");
+
 /* The encoders' loops vectorise: compiled for AVX-512, AVX2 and the baseline, the loader picks (as the CPU scan). */
 #if defined(__x86_64__) && !defined(TR_NATIVE_ARCH_BUILD)
 #define TR_ENCODE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))

@@ -98,8 +98,9 @@ class HotLink:
 
     def __init__(self, path: Path, *, dim: int, device: str, capacity: int, requested_capacity: int | None,
                  timeout_s: float, orphan_grace_s: float, cold, placement: Placement, write_lock: StoreWriteLock,
-                 cache, moves: Counter, option, idle_spin_us: int | None = None) -> None:
+                 cache, moves: Counter, option, idle_spin_us: int | None = None, codes: str | None = None) -> None:
         self.path, self.dim, self.device = path, dim, device
+        self.codes = codes  # for a sidecar this process starts ("int8", "off"); None: the sidecar's default
         self.idle_spin_us = idle_spin_us  # for a sidecar this process starts; None: the sidecar's default
         self.capacity, self.requested_capacity = capacity, requested_capacity
         self.timeout_s, self.orphan_grace_s = timeout_s, orphan_grace_s
@@ -163,7 +164,7 @@ class HotLink:
                 try:
                     start_sidecar(self.sidecar_name, dim=self.dim, capacity=self.capacity,
                                   backend=backend_for(self.device), exit_when_orphaned_s=self.orphan_grace_s,
-                                  idle_spin_us=self.idle_spin_us, detach=True)
+                                  idle_spin_us=self.idle_spin_us, codes=self.codes, detach=True)
                 except SidecarUnavailable as exc:
                     self.start_failed = str(exc)
                     raise
@@ -188,6 +189,10 @@ class HotLink:
             self.warn(f"{self.option('hot_capacity')}={self.requested_capacity} was asked, but the store's running "
                       f"sidecar (pid {hot.owner_pid}) holds {hot.capacity} rows; it keeps its size until every "
                       "process has closed the store")
+        if self.codes is not None and hot.codes != self.codes:
+            self.warn(f"{self.option('codes')}={self.codes!r} was asked, but the store's running sidecar (pid "
+                      f"{hot.owner_pid}) keeps codes {hot.codes!r}; it keeps them until every process has closed the "
+                      "store")
         if self.device in ("cpu", "cuda") and hot.backend != self.device:
             self.warn(f"{self.option('device')}={self.device!r} was asked, but the store's running sidecar (pid "
                       f"{hot.owner_pid}) serves from the {hot.backend}; it keeps it until every process has closed "

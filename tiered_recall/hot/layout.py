@@ -22,6 +22,15 @@ BACKEND_CPU = 1
 BACKEND_CUDA = 2
 CODES_OFF = 0
 CODES_INT8 = 1
+CODES_ROW_ALIGN = 64  # a row's codes, dim rounded up to this many bytes ...
+CODES_ROW_META_CPU = 12  # ... and its scale and bounds, on the CPU backend
+CODES_ROW_META_CUDA = 8  # ... and on the CUDA backend
+
+
+def code_bytes_a_row(dim: int, backend: str) -> int:
+    """What the int8 codes of one hot row take beside it on `backend` ("cpu" or "cuda")."""
+    meta = CODES_ROW_META_CUDA if backend == "cuda" else CODES_ROW_META_CPU
+    return (dim + CODES_ROW_ALIGN - 1) // CODES_ROW_ALIGN * CODES_ROW_ALIGN + meta
 
 SERVER_STARTING = 0
 SERVER_READY = 1
@@ -236,7 +245,8 @@ CONSTANTS = {
     "TR_LATENCY_BUCKETS": LATENCY_BUCKETS, "TR_MAX_DIM": MAX_DIM, "TR_MAX_K": MAX_K,
     "TR_NAME_MAX": NAME_MAX, "TR_DTYPE_F32": DTYPE_F32, "TR_DTYPE_F16": DTYPE_F16,
     "TR_BACKEND_CPU": BACKEND_CPU, "TR_BACKEND_CUDA": BACKEND_CUDA,
-    "TR_CODES_OFF": CODES_OFF, "TR_CODES_INT8": CODES_INT8,
+    "TR_CODES_OFF": CODES_OFF, "TR_CODES_INT8": CODES_INT8, "TR_CODES_ROW_ALIGN": CODES_ROW_ALIGN,
+    "TR_CODES_ROW_META_CPU": CODES_ROW_META_CPU, "TR_CODES_ROW_META_CUDA": CODES_ROW_META_CUDA,
     "TR_SERVER_STARTING": SERVER_STARTING, "TR_SERVER_READY": SERVER_READY,
     "TR_SERVER_STOPPING": SERVER_STOPPING, "TR_SLOT_FREE": SLOT_FREE,
     "TR_SLOT_CLAIMED": SLOT_CLAIMED, "TR_SLOT_REQUEST": SLOT_REQUEST, "TR_SLOT_BUSY": SLOT_BUSY,

@@ -54,6 +54,12 @@ enum tr_backend_kind { TR_BACKEND_CPU = 1, TR_BACKEND_CUDA = 2 };
 /* header.codes: whether the backend keeps 8-bit codes beside the rows and scans them first (--codes), re-scoring
  * from the rows only those whose bound can reach the top k (docs/gpu-backend.md, docs/tuning.md). */
 enum tr_codes { TR_CODES_OFF = 0, TR_CODES_INT8 = 1 };
+/* What a hot row's codes take beside it, for a memory budget (TieredMemory(hot_capacity_bytes=...)): the codes, dim
+ * rounded up to TR_CODES_ROW_ALIGN bytes, and the row's scale and bounds: three floats on the CPU (tr_code_row), two on
+ * CUDA (the scale and bound_r, as a float2). */
+#define TR_CODES_ROW_ALIGN 64
+#define TR_CODES_ROW_META_CPU 12
+#define TR_CODES_ROW_META_CUDA 8
 
 /* header.state */
 enum tr_server_state { TR_SERVER_STARTING = 0, TR_SERVER_READY = 1, TR_SERVER_STOPPING = 2 };

@@ -12,6 +12,9 @@
 
 #include "backend.cuh"
 #include "codes.h"
+#include "tiered_recall/layout.h"
+
+static_assert(sizeof(float2) == TR_CODES_ROW_META_CUDA, "the per-row code metadata (cmeta) is what layout.h counts");
 
 /* --codes-min-rows's default on the GPU: below about this many rows the persistent kernel's f16 scan answers sooner
  * (H100, 768 d, batch 1: codes 63 us against 67 at 100k rows, 302 against 537 at 1M; a line through the two puts
