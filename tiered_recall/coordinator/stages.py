@@ -172,12 +172,13 @@ def _best_neighbour_scores(pool: Sequence[Candidate], scores: np.ndarray) -> np.
         turn = candidate.metadata.get(TURN_INDEX_KEY)
         if isinstance(turn, int):
             at[(candidate.metadata.get(CONVERSATION_KEY), turn)] = index
-    best = np.zeros(len(pool))
+    before = np.full(len(pool), -1)
+    after = np.full(len(pool), -1)
     for (conversation, turn), index in at.items():
-        neighbours = [at[key] for key in ((conversation, turn - 1), (conversation, turn + 1)) if key in at]
-        if neighbours:
-            best[index] = max(scores[i] for i in neighbours)
-    return best
+        before[index] = at.get((conversation, turn - 1), -1)
+        after[index] = at.get((conversation, turn + 1), -1)
+    padded = np.append(scores, 0.0)  # index -1, no pooled neighbour, reads this 0
+    return np.maximum(padded[before], padded[after])
 
 
 def _spread_over_sessions(pool: Sequence[Candidate], adjusted: np.ndarray, k: int,

@@ -7,13 +7,11 @@ from pathlib import Path
 
 from .locomo import Question
 
-# Where a checkout keeps the set: benchmarks/data/chats in the repository (not in the wheel).
-DEFAULT_CHATS = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "chats"
 SPLITS = ("tune", "held-out")
 KINDS = ("single", "paraphrase", "trap", "when", "multi")
 
 
-def conversation_files(folder: Path = DEFAULT_CHATS, *, split: str | None = None,
+def conversation_files(folder: Path, *, split: str | None = None,
                        names: list[str] | None = None) -> list[Path]:
     """The conversation files of a split ("tune", "held-out"; None: all), or of the conversations named, sorted."""
     if split is not None and split not in SPLITS:
@@ -26,10 +24,10 @@ def conversation_files(folder: Path = DEFAULT_CHATS, *, split: str | None = None
     return chosen
 
 
-def load_questions(folder: Path = DEFAULT_CHATS, *, conversations: list[Path] | None = None) -> list[Question]:
-    """The questions of these conversation files (None: all), each with its kind as the category and its answer
-    turns as evidence: the turns' positions in their conversation ("0", "1", ...), as ingest keeps them in a memory's
-    metadata["position"]."""
+def load_questions(folder: Path, *, conversations: list[Path] | None = None) -> list[Question]:
+    """The questions of the set in folder (benchmarks/data/chats in a checkout; not in the wheel) asked of these
+    conversation files (None: all), each with its kind as the category and its answer turns as evidence: the turns'
+    positions in their conversation ("0", "1", ...), as ingest keeps them in a memory's metadata["position"]."""
     files = conversation_files(folder) if conversations is None else conversations
     wanted = {json.loads(path.read_text(encoding="utf-8"))["id"] for path in files}
     questions = []
