@@ -26,10 +26,9 @@ PRESETS: dict[str, Preset] = {
         Preset("quality", "e5",
                Stages(keyword_weight=0.8, neighbour_weight=0.5, temporal_weight=0.1, pool=64),
                "multilingual-e5-small (int8 on the CPU, float16 on a GPU) with keyword match and neighbouring turns"),
-        # A static embedder ranks less surely than E5, so the question's words weigh more beside it, over a deeper
-        # pool.
+        # A static embedder ranks less surely than E5, so the question's words weigh more beside it.
         Preset("fast", "wordllama",
-               Stages(keyword_weight=1.3, neighbour_weight=0.5, temporal_weight=0.1, pool=100),
+               Stages(keyword_weight=1.6, neighbour_weight=0.5, temporal_weight=0.1, pool=64),
                "WordLlama static embeddings (microseconds a query) with keyword match and neighbouring turns"),
     )
 }

@@ -147,7 +147,12 @@ def keyword_match(question: str, texts: Sequence[str]) -> np.ndarray:
     words = [word for word in dict.fromkeys(tokenize(question)) if word not in _QUESTION_WORDS]
     if not words or not texts:
         return np.zeros(len(texts))
-    holds = np.array([[word in terms for word in words] for terms in map(_terms, texts)], dtype=bool)
+    column = {word: index for index, word in enumerate(words)}
+    wanted = frozenset(words)
+    holds = np.zeros((len(texts), len(words)), dtype=bool)
+    for row, text in enumerate(texts):
+        for word in _terms(text) & wanted:
+            holds[row, column[word]] = True
     count = len(texts)
     found_in = holds.sum(axis=0)
     weights = np.log1p((count - found_in + 0.5) / (found_in + 0.5))  # BM25's inverse document frequency
@@ -167,16 +172,10 @@ def names_a_time(text: str) -> bool:
 
 def _best_neighbour_scores(pool: Sequence[Candidate], scores: np.ndarray) -> np.ndarray:
     """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled)."""
-    at: dict[tuple[Any, int], int] = {}
-    for index, candidate in enumerate(pool):
-        turn = candidate.metadata.get(TURN_INDEX_KEY)
-        if isinstance(turn, int):
-            at[(candidate.metadata.get(CONVERSATION_KEY), turn)] = index
-    before = np.full(len(pool), -1)
-    after = np.full(len(pool), -1)
-    for (conversation, turn), index in at.items():
-        before[index] = at.get((conversation, turn - 1), -1)
-        after[index] = at.get((conversation, turn + 1), -1)
+    places = [(candidate.metadata.get(CONVERSATION_KEY), candidate.metadata.get(TURN_INDEX_KEY)) for candidate in pool]
+    at = {place: index for index, place in enumerate(places) if isinstance(place[1], int)}
+    before = [at.get((conversation, turn - 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
+    after = [at.get((conversation, turn + 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
     padded = np.append(scores, 0.0)  # index -1, no pooled neighbour, reads this 0
     return np.maximum(padded[before], padded[after])
 
