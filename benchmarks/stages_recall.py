@@ -97,8 +97,11 @@ def main(argv=None) -> int:
             sets["locomo"] = (data_file, {"dev": questions}, "dia_id")
         else:
             print(f"LoCoMo skipped: {data_file} not found (pass --data FOLDER holding {locomo.DATA_FILE})")
+    if not sets:
+        print("nothing to measure")
+        return 0
     machine = f"{platform.node()} ({platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores)"
-    print(f"sets: " + ", ".join(f"{name} ({', '.join(f'{g} {len(q)}' for g, q in groups.items())} questions)"
+    print("sets: " + ", ".join(f"{name} ({', '.join(f'{g} {len(q)}' for g, q in groups.items())} questions)"
                                for name, (_, groups, _) in sets.items()) + f"; device {args.device}; {machine}")
     kinds = " ".join(f"{kind[:5]:>6}" for kind in chats.KINDS)
     header = (f"{'preset':<9}{'set':<8}{'group':<10}{'stages':<7}" + "".join(f"{f'R@{k}':>6}" for k in KS)
