@@ -55,7 +55,7 @@ class TieredMemory:
                  read_only=None)
 
     path: folder of the store (created with mode 0700); None: the user's own store (default_store_path()).
-    preset: "quality" (the default: E5 embeddings, BM25 fusion, neighbouring turns) or "fast" (WordLlama, the same
+    preset: "quality" (the default: E5 embeddings, keyword match, neighbouring turns) or "fast" (WordLlama, the same
     stages), a tiered_recall.Preset, or None (a store's recorded embedder picks its preset, else "quality");
     docs/recall.md gives their recall and latency. dim: vector width; taken from the embedder or the existing store
     when None. embedder: the preset's by default (for an existing store, the one it was made with), or "e5",
@@ -418,7 +418,7 @@ class TieredMemory:
         rule that decided, scores behind it) instead of the hits. hybrid=True (text queries only): BM25 over the
         memory texts fused with the vector ranking (reciprocal-rank fusion) by the cold tier, which holds the text
         index; hits come in fused order with their cosine scores, tier "cold", rule "hybrid"; the store's Scoring
-        is not applied. stages (text queries): None runs the preset's retrieval stages (BM25 fusion, neighbouring
+        is not applied. stages (text queries): None runs the preset's retrieval stages (keyword match, neighbouring
         turns, temporal cues; docs/recall.md) over an exact pool of candidates, False the vector search alone, a
         Stages those stages; a staged hit's score is the stages' score (best 1), not a cosine. refresh_ttl=True
         starts the time to live of every hit that has one again from now.
