@@ -177,7 +177,7 @@ async def test_errors_are_tool_errors_with_the_stores_message_and_the_server_kee
                 assert await refused(session, "search_memories", query="cat", k=k) == (
                     f"k must be an int in 1..256, got {k}")
             bad_where = await refused(session, "search_memories", query="cat", where="no_such_column = 1")
-            assert bad_where.startswith("where='no_such_column = 1' is not a valid LanceDB SQL filter"), bad_where
+            assert bad_where.startswith("the where filter 'no_such_column = 1' is not valid LanceDB SQL"), bad_where
             assert await refused(session, "search_memories", query="   ") == "the query is empty: search for some text"
             assert await refused(session, "add_memories", texts=[]) == (
                 "texts is empty: give at least one text to remember")
