@@ -1,6 +1,7 @@
 """What a new user meets first on the command line: get / delete / list / export (export ingests back), --version,
-help without type tags, errors printed verbatim, ids as strings in JSON, a hint for an unknown namespace, and
-Ctrl-C during ingest stopping cleanly with a line that says how to resume."""
+help without type tags, errors printed verbatim, ids as strings in JSON, a hint for an unknown namespace, ChatGPT and
+Claude exports ingested with no options, and Ctrl-C during ingest stopping cleanly with a line that says how to
+resume."""
 from __future__ import annotations
 
 import json
@@ -50,7 +51,7 @@ def test_help_has_no_type_tags_and_lists_the_choices():
             assert tag not in result.stdout, f"{command} --help shows {tag}"
     ingest = invoke("ingest", "--help").stdout
     for choice in ("plain", "speaker", "said", "dated_speaker", "dated_said", "{file}", "{stem}", "{conversation}",
-                   "{session}", "auto|jsonl|openai|sharegpt|locomo|conversation", "--turns-field", "--keep-system"):
+                   "{session}", "auto|jsonl|openai|sharegpt|locomo|chatgpt|claude|conversation", "--turns-field", "--keep-system"):
         assert choice in ingest, choice
 
 
@@ -110,6 +111,22 @@ def test_export_ingests_back_to_the_same_memories(tmp_path):
     only_bob = cli_in(first, "export", "-n", "bob")
     assert sorted(json.loads(line)["content"] for line in only_bob.stdout.splitlines()) == [
         "Bring the [red] umbrella", "Dinner was at eight"]
+
+
+def test_chatgpt_and_claude_exports_go_in_with_no_options(tmp_path):
+    fixtures = Path(__file__).parents[1] / "ingest" / "fixtures" / "ingest"
+    store_path = tmp_path / "store"
+    ingested = cli_in(store_path, "ingest", str(fixtures / "chatgpt_conversations.json"),
+                      str(fixtures / "claude_conversations.json"), "--json", "--preset", "fast")
+    assert ingested.exit_code == 0, ingested.output
+    summary = json.loads(ingested.stdout)
+    assert summary["formats"] == {"chatgpt": 1, "claude": 1} and summary["added"] == 13
+    assert summary["skipped_parts"]["image_asset_pointer"] == 2
+    users = cli_in(store_path, "search", "balcony trip", "--where", "role = 'user'", "-k", "20", "--json")
+    assert users.exit_code == 0, users.output
+    hits = json.loads(users.stdout)
+    assert len(hits) == 6 and {hit["role"] for hit in hits} == {"user"}  # Claude's "human" is a user too
+    assert {hit["metadata"]["original_role"] for hit in hits} == {"user", "human"}
 
 
 def test_errors_keep_their_square_brackets(tmp_path, monkeypatch):

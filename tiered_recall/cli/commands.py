@@ -41,7 +41,11 @@ class PlainHelp(typer.core.TyperCommand):
 
 
 # How TieredMemory's messages name its options when this command line opened it.
-OPTION_FLAGS = {"device": "--device", "hot_capacity": "--hot-capacity", "read_only": "--read-only"}
+OPTION_FLAGS = {"path": "--store", "device": "--device", "hot_capacity": "--hot-capacity", "read_only": "--read-only"}
+# How ingest's messages name its options here: each keyword's flag.
+INGEST_FLAGS = {name: "--" + name.replace("_", "-") for name in (
+    "format", "namespace", "turns_field", "role_field", "text_field", "session_field", "time_field", "keep_system",
+    "template", "context_turns", "batch_size", "skip_bad")}
 
 
 class PresetName(str, enum.Enum):
@@ -68,6 +72,8 @@ class Format(str, enum.Enum):
     openai = "openai"
     sharegpt = "sharegpt"
     locomo = "locomo"
+    chatgpt = "chatgpt"
+    claude = "claude"
     conversation = "conversation"
 
 
@@ -83,6 +89,8 @@ PRESET = typer.Option(None, "--preset", help="quality (default: E5, BM25 fusion,
 HOT_CAPACITY = typer.Option(None, "--hot-capacity", metavar="ROWS", help="Rows in the hot tier when this command "
                             "starts its sidecar (default 100,000; a running one keeps its own).")
 NAMESPACE = typer.Option(None, "--namespace", "-n", metavar="NAME", help="Only this namespace.")
+READ_ONLY = typer.Option(False, "--read-only", help="Open the store for reading only (chosen by itself, with a note, "
+                         "where the folder cannot be written).")
 
 
 def _version(value: bool) -> None:
@@ -151,8 +159,7 @@ def search(
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
     preset: Optional[PresetName] = PRESET,
     hot_capacity: Optional[int] = HOT_CAPACITY,
-    read_only: bool = typer.Option(False, "--read-only", help="Open the store for search only (chosen by itself, "
-                                   "with a note, where the folder cannot be written)."),
+    read_only: bool = READ_ONLY,
 ) -> None:
     """Search memories: rank, score, tier (hot or cold), role, text and age of each hit."""
     try:
@@ -175,11 +182,11 @@ def search(
 def get(
     ids: List[int] = typer.Argument(..., metavar="ID", help="Memory ids."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
-    preset: Optional[PresetName] = PRESET,
+    preset: Optional[PresetName] = PRESET, read_only: bool = READ_ONLY,
 ) -> None:
     """Print memories by id, as JSON (exit code 1 when an id is not found)."""
     try:
-        with _open(store, device, embedder, preset) as memory:
+        with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory:
             found = memory.get(list(ids))
     except TieredRecallError as error:
         fail(error)
@@ -208,14 +215,14 @@ def delete(
 def list_namespaces(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
-    preset: Optional[PresetName] = PRESET,
+    preset: Optional[PresetName] = PRESET, read_only: bool = READ_ONLY,
 ) -> None:
     """The store's namespaces: memories in each, and how many the hot tier holds now."""
     from rich.table import Table
     from rich.text import Text
 
     try:
-        with _open(store, device, embedder, preset) as memory:
+        with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory:
             found = memory.namespaces()
     except TieredRecallError as error:
         fail(error)
@@ -237,12 +244,12 @@ def export(
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                           help="Write here instead of to stdout."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
-    preset: Optional[PresetName] = PRESET,
+    preset: Optional[PresetName] = PRESET, read_only: bool = READ_ONLY,
 ) -> None:
     """Every memory as JSON Lines, oldest first: `tiered-recall ingest` reads it back to the same memories (ids,
     namespaces, texts, roles, sessions, times, metadata)."""
     try:
-        with _open(store, device, embedder, preset) as memory, (
+        with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory, (
                 open(output, "w", encoding="utf-8") if output else _stdout()) as out:
             written = 0
             for m in memory.memories(namespace):
@@ -313,7 +320,7 @@ def ingest(
                                  session_field=session_field, time_field=time_field, keep_system=keep_system,
                                  template=template, context_turns=context_turns, batch_size=batch_size,
                                  skip_bad=skip_bad, progress=False if quiet or as_json else None,
-                                 stop=stopping.is_set)
+                                 stop=stopping.is_set, option_names=INGEST_FLAGS)
     except IngestInterrupted as stop:
         s = stop.summary
         note(f"interrupted: {s.added + s.updated + s.unchanged} turns stored or confirmed (added {s.added}, updated "
@@ -335,10 +342,10 @@ def ingest(
 
 @app.command(cls=PlainHelp)
 def stats(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
-          preset: Optional[PresetName] = PRESET) -> None:
+          preset: Optional[PresetName] = PRESET, read_only: bool = READ_ONLY) -> None:
     """Rows per tier, namespaces and the sidecar's counters, as JSON."""
     try:
-        with _open(store, device, embedder, preset) as memory:
+        with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory:
             print_json(memory.stats())
     except TieredRecallError as error:
         fail(error)
