@@ -105,8 +105,16 @@ def main_options(version: bool = typer.Option(False, "--version", callback=_vers
     """A two-tier memory store for LLM agents: a hot tier in a GPU/CPU sidecar over LanceDB on disk."""
 
 
+def _check_namespace(namespace: str | None) -> None:
+    """-n as this command line spells it, checked before the store opens (TieredMemory's message names its keyword)."""
+    if namespace == "":
+        fail("-n/--namespace must be a non-empty name, e.g. -n alice")
+
+
 def _open(store: Path | None, device: Device, embedder: str | None, preset: "PresetName | None",
           hot_capacity: int | None = None, read_only: bool | None = None):
+    if hot_capacity is not None and hot_capacity < 1:
+        fail(f"--hot-capacity must be a positive number of rows, got {hot_capacity}")
     from ..coordinator import PRESET_EMBEDDER, TieredMemory
 
     return TieredMemory(store, device=device.value, embedder=PRESET_EMBEDDER if embedder is None else embedder,
@@ -135,6 +143,9 @@ def add(
         fail(f"--metadata is not valid JSON: {error}")
     if meta is not None and not isinstance(meta, dict):
         fail("--metadata must be a JSON object, e.g. '{\"source\": \"chat\"}'")
+    if ids and len(ids) != len(texts):
+        fail(f"--id is given once per text: {len(texts)} text(s) but {len(ids)} --id")
+    _check_namespace(namespace)
     try:
         with _open(store, device, embedder, preset, hot_capacity) as memory:
             added = memory.add(list(texts), namespace=namespace, session=session, role=role, metadata=meta,
@@ -162,6 +173,13 @@ def search(
     read_only: bool = READ_ONLY,
 ) -> None:
     """Search memories: rank, score, tier (hot or cold), role, text and age of each hit."""
+    from ..coordinator.validate import MAX_K
+
+    if not 1 <= k <= MAX_K:
+        fail(f"-k must be from 1 to {MAX_K}, got {k}")
+    if where is not None and not where.strip():
+        fail("--where must be a SQL filter, e.g. --where \"role = 'user'\"")
+    _check_namespace(namespace)
     try:
         with _open(store, device, embedder, preset, hot_capacity, True if read_only else None) as memory:
             report = memory.search(query, k=k, namespace=namespace, where=where, hybrid=hybrid,
@@ -248,6 +266,7 @@ def export(
 ) -> None:
     """Every memory as JSON Lines, oldest first: `tiered-recall ingest` reads it back to the same memories (ids,
     namespaces, texts, roles, sessions, times, metadata)."""
+    _check_namespace(namespace)
     try:
         with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory, (
                 open(output, "w", encoding="utf-8") if output else _stdout()) as out:
@@ -300,6 +319,7 @@ def ingest(
 ) -> None:
     """Ingest conversation logs; safe to run again (nothing is added twice) and to stop: Ctrl-C stops at the next
     batch boundary, and running the same command again resumes."""
+    _check_namespace(namespace)
     from ..ingest import IngestInterrupted
     from ..ingest import ingest as run_ingest
 
