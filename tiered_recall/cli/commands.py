@@ -4,9 +4,7 @@ from __future__ import annotations
 import enum
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -16,6 +14,7 @@ import typer.core
 
 from .. import __version__
 from ..errors import TieredRecallError
+from .interrupts import INTERRUPTED_EXIT_CODE, StopOnCtrlC
 from .output import console, export_line, fail, hits_table, note, print_json, record, say
 
 app = typer.Typer(
@@ -323,37 +322,26 @@ def ingest(
     from ..ingest import IngestInterrupted
     from ..ingest import ingest as run_ingest
 
-    stopping = threading.Event()
-
-    def on_sigint(signum, frame) -> None:
-        if stopping.is_set():
-            raise KeyboardInterrupt  # a second Ctrl-C: now
-        stopping.set()
-        note("stopping after the batch being written (Ctrl-C again stops at once)...")
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    ctrl_c = StopOnCtrlC(first_note="stopping after the batch being written (Ctrl-C again stops at once)...",
+                         second_note="interrupted at once: every batch written before is stored, the one being written "
+                                     "is stored whole or not at all; run the same command again to resume (nothing is "
+                                     "stored twice)")
     summary = None
     try:
-        with _open(store, device, embedder, preset, hot_capacity) as memory:
+        with ctrl_c, _open(store, device, embedder, preset, hot_capacity) as memory:
             summary = run_ingest(paths, memory=memory, format=format.value, namespace=namespace,
                                  turns_field=turns_field, role_field=role_field, text_field=text_field,
                                  session_field=session_field, time_field=time_field, keep_system=keep_system,
                                  template=template, context_turns=context_turns, batch_size=batch_size,
                                  skip_bad=skip_bad, progress=False if quiet or as_json else None,
-                                 stop=stopping.is_set, option_names=INGEST_FLAGS)
+                                 stop=ctrl_c.stopping.is_set, option_names=INGEST_FLAGS)
     except IngestInterrupted as stop:
         s = stop.summary
         note(f"interrupted: {s.added + s.updated + s.unchanged} turns stored or confirmed (added {s.added}, updated "
              f"{s.updated}) of {s.turns_read} read; run the same command again to resume (nothing is stored twice)")
-        raise typer.Exit(code=130)
-    except KeyboardInterrupt:
-        note("interrupted: the batches written so far are stored; run the same command again to resume "
-             "(nothing is stored twice)")
-        raise typer.Exit(code=130)
+        raise typer.Exit(code=INTERRUPTED_EXIT_CODE)
     except TieredRecallError as error:
         fail(error)
-    finally:
-        signal.signal(signal.SIGINT, previous)
     if as_json:
         sys.stdout.write(summary.to_json() + "\n")
     else:
