@@ -63,6 +63,15 @@ class Device(str, enum.Enum):
     none = "none"
 
 
+class LogLevel(str, enum.Enum):
+    """mcp --log-level: the least severe log line the server writes."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 class Format(str, enum.Enum):
     """--format: the conversation formats ingest reads (docs/cli.md)."""
 
@@ -418,7 +427,12 @@ def demo(
 @app.command(name="mcp", cls=PlainHelp)
 def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
                preset: Optional[PresetName] = PRESET,
-               hot_capacity: Optional[int] = HOT_CAPACITY) -> None:
+               hot_capacity: Optional[int] = HOT_CAPACITY,
+               log_level: LogLevel = typer.Option(LogLevel.warning, "--log-level", help="The least severe log line "
+                                                  "written (on stderr, which a client shows its user; info adds a "
+                                                  "line per request)."),
+               log_file: Optional[Path] = typer.Option(None, "--log-file", metavar="FILE", help="Write the log "
+                                                       "here instead of on stderr.")) -> None:
     """Serve the store to an MCP client (Claude Desktop, an IDE, an agent) over stdin and stdout until the client
     closes it: tools to add, search, get and delete memories and to list namespaces (docs/integrations/mcp.md)."""
     try:
@@ -431,4 +445,4 @@ def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder:
         memory = _open(store, device, embedder, preset, hot_capacity)  # opened first: a bad option is a plain error here
     except TieredRecallError as error:
         fail(error)
-    serve(memory)  # closes the store when the client goes
+    serve(memory, log_level=log_level.value.upper(), log_file=log_file)  # closes the store when the client goes
