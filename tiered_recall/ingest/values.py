@@ -78,6 +78,7 @@ class ReadState:
 
 
 def lookup(record: dict[str, Any], name: str) -> Any:
+    """The value of field `name` (dotted names reach into nested objects: "author.role"), None when absent."""
     if name in record:
         return record[name]
     value: Any = record
@@ -104,6 +105,7 @@ def present(record: dict[str, Any], names: tuple[str, ...]) -> bool:
 
 
 def first(record: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, Any]:
+    """(name, value) of the first of the fields that holds a value (not null), else (None, None)."""
     for name in names:
         value = lookup(record, name)
         if value is not None:
@@ -121,6 +123,7 @@ def describe(value: Any) -> str:
 
 
 def check_text(text: str) -> str:
+    """The text, when it can be stored (UTF-8: no lone surrogate); else a RecordProblem that says so."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -157,6 +160,7 @@ def parse_time(value: Any, *, field_name: str) -> datetime | None:
 
 
 def scalar_text(value: Any, field_name: str) -> str | None:
+    """A string or integer field as text (None stays None); anything else is a RecordProblem naming the field."""
     if value is None:
         return None
     if isinstance(value, (str, int)) and not isinstance(value, bool):
