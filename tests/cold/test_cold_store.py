@@ -325,6 +325,32 @@ def test_bad_inputs_raise_invalid_input_and_write_nothing(store):
     assert store.count() == 1
 
 
+def test_a_bad_where_filter_names_the_reason_in_the_filters_own_terms(store):
+    v = unit_rows(np.random.default_rng(8), 1)
+    store.add(**rows([1], v))
+    for where, reason in (("role = 'user", "Unterminated string literal at column 8"),
+                          ("role = = 'user'", "Expected: an expression, found: ="),
+                          ("role = 'user' AND (", "Expected: an expression, found: the end of the filter")):
+        for namespace in (None, "default"):  # the search wraps the filter in its own statement: not shown
+            with pytest.raises(InvalidInput) as info:
+                store.search(v[0], k=1, namespace=namespace, where=where)
+            assert str(info.value) == (f"the where filter {where!r} is not valid LanceDB SQL over the columns id, "
+                                       f"namespace, session, role, text, created_at, metadata: {reason}")
+
+
+def test_filter_problem_reads_lancedbs_wording():
+    from tiered_recall.storage._search import filter_problem
+
+    where = "role = 'a' and text like '%x"
+    assert filter_problem(where, ValueError("Invalid input, Invalid input, invalid SQL predicate: Unterminated "
+                                            "string literal at at Line: 1, Column: 27")) == (
+        "Unterminated string literal at column 27")
+    assert filter_problem("id = 'x'", ValueError(
+        "Invalid input, Error resolving filter expression id = 'x': Invalid user input: Received literal "
+        "Utf8(\"x\") and could not convert to literal of type 'Int64', /root/.cargo/registry/src/lance/x.rs:23:88")) \
+        == "Received literal Utf8(\"x\") and could not convert to literal of type 'Int64'"
+
+
 def test_reopen_keeps_rows_and_refuses_another_dim(tmp_path):
     path = tmp_path / "cold"
     rng = np.random.default_rng(7)

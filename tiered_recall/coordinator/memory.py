@@ -20,6 +20,7 @@ from ..hot import code_bytes_a_row
 from ..namespaces import namespace_hash, select_namespaces
 from ..policies import Policy, resolve_policy
 from ..scoring import Scoring
+from ..spelling import option_set
 from ..sync import Rows, StoreWriteLock, encode_metadata
 from . import validate as check
 from .expiry import DEFAULT_SWEEP_S, ExpirySweeper, refreshed, sweep_expired
@@ -115,7 +116,7 @@ class TieredMemory:
         self.read_only = settle_read_only(self.path, read_only, self._opt)
         if self.read_only and device in ("cpu", "cuda"):
             raise InvalidInput(f"the store at {self.path} is read-only, and a read-only store has no hot tier: "
-                               f"open it with {self._opt('device')}='none' (or 'auto'), or writable")
+                               f"open it with {option_set(self._opt('device'), 'none')} (or auto), or writable")
         stored = stored_embedder_name(self.path)
         stored_spec = spec_of_stored_name(stored) if stored else None
         self.preset = resolve_preset(preset if preset is not None or stored is None else
@@ -172,9 +173,9 @@ class TieredMemory:
                 time.sleep(0.5)
                 self._link.ensure()
             if self.device in ("cpu", "cuda") and self._link.hot is None and self._link.start_failed:
-                raise SidecarUnavailable(f"the hot tier ({self._opt('device')}={self.device!r}) could not start: "
-                                         f"{self._link.error}; open the store with {self._opt('device')}='auto' to "
-                                         "go on without it, or 'none'")
+                raise SidecarUnavailable(f"the hot tier ({option_set(self._opt('device'), self.device)}) could not "
+                                         f"start: {self._link.error}; open the store with "
+                                         f"{option_set(self._opt('device'), 'auto')} to go on without it, or none")
         except BaseException:
             self._link.close()
             self.cold.close()
@@ -301,8 +302,9 @@ class TieredMemory:
 
     def _check_writable(self) -> None:
         if self.read_only:
-            raise ReadOnlyStore(f"the store at {self.path} is open read-only ({self._opt('read_only')}=True, or its "
-                                "folder cannot be written): open it writable to add or delete")
+            raise ReadOnlyStore(f"the store at {self.path} is open read-only "
+                                f"({option_set(self._opt('read_only'), True)}, or its folder cannot be written): open "
+                                "it writable to add or delete")
 
     def pin(self, *, namespace: str | None = None, ids: Sequence[int] | None = None) -> None:
         """Pins a namespace and/or ids: loaded into the hot tier now and never evicted by the policy."""

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from pathlib import Path
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -21,13 +21,31 @@ from .proc import pid_alive
 CPU_ISAS = ("auto", "avx512-vnni", "avx-vnni", "avx2", "scalar")  # --test-cpu-isa's choices
 
 
-class SidecarProcess:
-    """A sidecar this process started (spawn + exec, never fork of a Python with state)."""
+def _unnamed_log(name: str) -> int:
+    """A file for a sidecar's output with no name in any folder: it goes when the last descriptor on it closes, so
+    nothing is left in /tmp however the sidecar or this process ends (a kill, a test that never stops it)."""
+    fd, path = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
+    os.unlink(path)
+    return fd
 
-    def __init__(self, name: str, popen: subprocess.Popen, log_path: Path) -> None:
+
+def _read_log(fd: int) -> str:
+    """Everything written to an unnamed log so far ("" when it cannot be read)."""
+    try:
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class SidecarProcess:
+    """A sidecar this process started (spawn + exec, never fork of a Python with state). Its output goes to an
+    unnamed file (log() reads it), closed by stop(), kill() or garbage collection."""
+
+    def __init__(self, name: str, popen: subprocess.Popen, log_fd: int) -> None:
         self.name = name
         self.popen = popen
-        self.log_path = log_path
+        self._log_fd = log_fd
+        self._close_log = weakref.finalize(self, os.close, log_fd)
         self.server_pid = popen.pid  # differs when a wrapper (start_sidecar(wrapper=...)) runs it
 
     @property
@@ -40,11 +58,8 @@ class SidecarProcess:
         return self.popen.poll() is None
 
     def log(self) -> str:
-        """The sidecar's log so far ("" when it cannot be read)."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        """The sidecar's log so far ("" when it cannot be read, or after stop())."""
+        return _read_log(self._log_fd) if self._close_log.alive else ""
 
     def stop(self, timeout_s: float = 5.0) -> int:
         """SIGTERM, then SIGKILL after timeout_s; removes the segment if the sidecar could not."""
@@ -69,17 +84,15 @@ class SidecarProcess:
                     path.unlink()
         except OSError:
             pass
-        try:
-            self.log_path.unlink()
-        except OSError:
-            pass
+        self._close_log()
         return int(self.popen.returncode)
 
     def kill(self) -> None:
-        """SIGKILL without clean-up (tests use it to leave a stale segment)."""
+        """SIGKILL without clean-up of the segment (tests use it to leave a stale one)."""
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait()
+        self._close_log()
 
 
 def _flag_int(label: str, value, minimum: int = 0) -> str:
@@ -158,10 +171,9 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
 class DetachedSidecar:
     """A sidecar started with detach=True: a daemon in its own session, not a child of this process."""
 
-    def __init__(self, name: str, pid: int, log_path: Path) -> None:
+    def __init__(self, name: str, pid: int) -> None:
         self.name = name
         self.pid = pid
-        self.log_path = log_path
 
     def running(self) -> bool:
         """True while the daemon's process is alive."""
@@ -213,16 +225,17 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
                         codes_min_rows=codes_min_rows, test_cpu_isa=test_cpu_isa,
                         test_poison_results=test_poison_results, test_no_zero_copy=test_no_zero_copy,
                         test_batched_server=test_batched_server)
-    log_fd, log_name = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
+    log_fd = _unnamed_log(name)
     if detach:
-        return _start_detached(name, args, log_fd, Path(log_name), ready_timeout_s)
+        return _start_detached(name, args, log_fd, ready_timeout_s)
     started_ns = time.time_ns()
     try:
         popen = subprocess.Popen(wrapper + args, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                                  close_fds=True)
-    finally:
+    except BaseException:
         os.close(log_fd)
-    proc = SidecarProcess(name, popen, Path(log_name))
+        raise
+    proc = SidecarProcess(name, popen, log_fd)
     deadline = time.monotonic() + ready_timeout_s
     path = segment_path(name)
     while True:
@@ -247,16 +260,27 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
         time.sleep(0.002)
 
 
-def _start_detached(name: str, args: list[str], log_fd: int, log_path: Path, ready_timeout_s: float) -> DetachedSidecar:
-    import select
-
+def _start_detached(name: str, args: list[str], log_fd: int, ready_timeout_s: float) -> DetachedSidecar:
     read_end, write_end = os.pipe()
     try:
         launcher = subprocess.Popen(args + ["--daemon", "--ready-fd", str(write_end)], stdin=subprocess.DEVNULL,
                                     stdout=log_fd, stderr=log_fd, pass_fds=(write_end,))
+    except BaseException:
+        os.close(log_fd)
+        os.close(read_end)
+        raise
     finally:
         os.close(write_end)
-        os.close(log_fd)
+    try:
+        return _await_daemon(name, launcher, read_end, log_fd, ready_timeout_s)
+    finally:
+        os.close(log_fd)  # the daemon keeps its own descriptor on the log while it runs
+
+
+def _await_daemon(name: str, launcher: subprocess.Popen, read_end: int, log_fd: int,
+                  ready_timeout_s: float) -> DetachedSidecar:
+    import select
+
     launcher.wait()  # the launcher exits as soon as the daemon is forked
     data = b""
     deadline = time.monotonic() + ready_timeout_s
@@ -275,7 +299,6 @@ def _start_detached(name: str, args: list[str], log_fd: int, log_path: Path, rea
     finally:
         os.close(read_end)
     if data.startswith(b"ready "):
-        log_path.unlink(missing_ok=True)  # the daemon keeps its descriptor; nothing is left in /tmp
-        return DetachedSidecar(name, int(data.split()[1]), log_path)
-    message = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
+        return DetachedSidecar(name, int(data.split()[1]))
+    message = _read_log(log_fd).strip()
     raise SidecarUnavailable(f"sidecar {name!r} failed to start: {message or 'no readiness within ' + str(ready_timeout_s) + ' s'}")
