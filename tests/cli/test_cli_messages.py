@@ -107,9 +107,12 @@ def test_search_and_add_errors_name_the_flags(tmp_path):
         (("search", "x", "-n", ""), "error: -n/--namespace must be a non-empty name, e.g. -n alice"),
         (("add", "a", "b", "--id", "1"), "error: --id is given once per text: 2 text(s) but 1 --id"),
         (("add", "a", "--hot-capacity", "0"), "error: --hot-capacity must be a positive number of rows, got 0"),
+        (("search", "x", "--where", "role = = 'user'"),
+         "error: the where filter \"role = = 'user'\" is not valid LanceDB SQL over the columns id, namespace, "
+         "session, role, text, created_at, metadata: Expected: an expression, found: ="),
         (("search", "x", "--where", "role = 'user"),
-         "error: the where filter \"role = 'user\" is not valid LanceDB SQL over the columns id, namespace, session, "
-         "role, text, created_at, metadata: Unterminated string literal at column 8"),
+         "error: the where filter \"role = 'user\" leaves a ' quote open: close it (write a quote inside a string "
+         "twice: 'O''Brien')"),
     ]
     for args, expected in cases:
         assert error_of(cli(*in_store(store, *args))) == expected
