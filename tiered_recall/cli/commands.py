@@ -330,6 +330,12 @@ def ingest(
     _check_namespace(namespace)
     from ..ingest import IngestInterrupted
     from ..ingest import ingest as run_ingest
+    from ..ingest.sources import expand_sources
+
+    try:
+        expand_sources(paths)  # a missing file is reported before the store and its embedder load
+    except TieredRecallError as error:
+        fail(error)
 
     ctrl_c = StopOnCtrlC(first_note="stopping after the batch being written (Ctrl-C again stops at once)...",
                          second_note="interrupted at once: every batch written before is stored, the one being written "
