@@ -92,7 +92,7 @@ DEVICE = typer.Option(Device.auto, "--device", help="Hot tier: auto (CUDA where 
 EMBEDDER = typer.Option(None, "--embedder", metavar="NAME",
                         help="The preset's by default (an existing store keeps its own); or e5, wordllama, "
                              "wordllama:128, wordllama:64, minilm.")
-PRESET = typer.Option(None, "--preset", help="quality (default: E5, BM25 fusion, neighbouring turns) or fast "
+PRESET = typer.Option(None, "--preset", help="quality (default: E5, keyword match, neighbouring turns) or fast "
                       "(WordLlama, microsecond embedding); an existing store keeps the one it was made with.")
 HOT_CAPACITY = typer.Option(None, "--hot-capacity", metavar="ROWS", help="Rows in the hot tier when this command "
                             "starts its sidecar (default 100,000; a running one keeps its own).")
@@ -172,7 +172,7 @@ def search(
     where: Optional[str] = typer.Option(None, metavar="SQL", help="A filter, e.g. \"role = 'user'\"."),
     hybrid: bool = typer.Option(False, "--hybrid", help="The cold tier's own BM25 fusion at equal weight, instead of "
                                 "the preset's stages."),
-    stages: bool = typer.Option(True, "--stages/--no-stages", help="Run the preset's retrieval stages (BM25 fusion, "
+    stages: bool = typer.Option(True, "--stages/--no-stages", help="Run the preset's retrieval stages (keyword match, "
                                 "neighbouring turns, temporal cues; docs/recall.md), or the vector search alone."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
