@@ -3,9 +3,11 @@ head and two nodes on this machine, one of each per test module; each test's own
 own storage prefix, own node-local folders) are stopped at its end, even when it fails."""
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,19 @@ pytest.importorskip("moto")
 from tiered_recall.testing.cluster_parts import RayNodes, S3Server  # noqa: E402
 
 pytestmark = pytest.mark.lancedb
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long cluster tests (node kills, outages, moves under load: minutes on two cores) run when asked for
+    (`-m slow`, or TR_CLUSTER_SLOW=1); the default run keeps the short set."""
+    markexpr = config.getoption("-m") or ""
+    if ("slow" in markexpr and "not slow" not in markexpr) or os.environ.get("TR_CLUSTER_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="a long cluster test: run it with -m slow (or TR_CLUSTER_SLOW=1)")
+    for item in items:
+        if "slow" in item.keywords and HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="module")

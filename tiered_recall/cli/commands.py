@@ -16,6 +16,7 @@ import typer.core
 
 from .. import __version__
 from ..errors import TieredRecallError
+from .cluster_commands import cluster_app
 from .output import console, export_line, fail, hits_table, note, print_json, record, say
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help as plain text, so option names and values read as typed
 )
+app.add_typer(cluster_app)  # `tiered-recall cluster ...` (cluster_commands.py)
 
 
 

@@ -180,14 +180,17 @@ class Directory:
             await self._persist()
             return entry["epoch"], entry.get("last_opened"), self._body["view"]
 
-    async def opened(self, shard: str, epoch: int, node: str, folder: str) -> None:
-        """A shard's incarnation opened its store in `folder` on `node` (a later one on this node keeps it)."""
+    async def opened(self, shard: str, epoch: int, node: str, folder: str, dim: int) -> None:
+        """A shard's incarnation opened its store in `folder` on `node` (a later one on this node keeps it); the
+        first one records the width its embedder gave, for a cluster started without --dim."""
         await self._ready()
         async with self._lock:
             entry = self._body["shards"].get(shard)
             if entry is None or int(entry.get("epoch", 0)) != epoch:
                 raise ShardUnavailable(f"{shard}'s incarnation {epoch} is not its latest")
             entry.update(last_opened={"epoch": epoch, "node": node}, node=node, folder=folder)
+            if self._body["config"].get("dim") is None:
+                self._body["config"]["dim"] = int(dim)
             await self._persist()
 
     async def view_json(self) -> dict:

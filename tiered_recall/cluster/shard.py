@@ -93,8 +93,8 @@ class Shard:
                 if self._opened is None:
                     self._opened = self._open_store()
                 core = self._opened
-                ray.get(self._directory().opened.remote(self.shard, self.epoch, self.node, str(self.folder)),
-                        timeout=60)
+                ray.get(self._directory().opened.remote(self.shard, self.epoch, self.node, str(self.folder),
+                                                        core.memory.dim), timeout=60)
                 mark_incarnation(self.folder, epoch=self.epoch, node=self.node)
                 self.core = core  # serves from here on: a view pushed meanwhile is applied next
                 self.error = None
