@@ -22,20 +22,36 @@ class S3Server:
     """moto's S3 server on 127.0.0.1, a bucket, and an access key of an IAM user that may do anything: with auth on,
     a request signed with another key fails as S3 fails it (SignatureDoesNotMatch, InvalidAccessKeyId)."""
 
-    def __init__(self, bucket: str = "tiered-recall-test", *, auth: bool = True) -> None:
+    def __init__(self, bucket: str = "tiered-recall-test", *, auth: bool = True, process: bool = False) -> None:
+        """process: run the server in a process of its own (a benchmark's client then has this process's cores to
+        itself); else in a thread of this process, where stop() and start() can take it away and back."""
+        import logging
+
         import boto3
         import requests
         from moto.server import ThreadedMotoServer
-
-        import logging
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.bucket = bucket
         self._server_class = ThreadedMotoServer
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
+        self._process = None
+        if process:
+            import subprocess
+            import sys
+            from pathlib import Path
+
+            command = [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)]
+            self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while socket.socket().connect_ex(("127.0.0.1", self.port)) != 0:
+                if time.monotonic() > deadline or self._process.poll() is not None:
+                    raise RuntimeError("moto_server did not start")
+                time.sleep(0.1)
+        else:
+            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+            self._server.start()
         self.running = True
         requests.post(f"{self.endpoint}/moto-api/reset-auth", data=b"inf", timeout=10)
         iam = boto3.client("iam", endpoint_url=self.endpoint, aws_access_key_id="bootstrap",
@@ -70,6 +86,8 @@ class S3Server:
 
     def stop(self) -> None:
         """Stops answering (the objects stay: start() serves them again on the same port)."""
+        if self._process is not None:
+            raise RuntimeError("a server in a process of its own is not stopped and started again: close() it")
         if self.running:
             self._server.stop()
             self.running = False
@@ -91,6 +109,11 @@ class S3Server:
     def close(self) -> None:
         import requests
 
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=30)
+            self.running = False
+            return
         if self.running:
             requests.post(f"{self.endpoint}/moto-api/reset-auth", data=b"inf", timeout=10)
         self.stop()
