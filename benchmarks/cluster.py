@@ -3,7 +3,7 @@ of its own) or a folder as the object storage:
 
 1. one-namespace search p50 / p99 through one Ray hop (a client off the shard's node) and through a co-located
    client (the shard's store read in this process), beside the same search on a TieredMemory over the same store in
-   this process; measured in alternated blocks, repeated;
+   this process; each query down the three paths in a random order, and the median of each query's differences;
 2. aggregate searches/s and adds/s with 1, 2 and 4 shards, from client processes through Ray, and the ratio to
    N x one shard's (the target is 0.8 while the machine has a core for each shard and client);
 3. add p50 / p99 with object durability (committed to object storage; concurrent adds share a commit) and with
@@ -104,53 +104,69 @@ def hop_figures(args, storage: Storage, address: str) -> dict:
             for way in ways.values():  # warm every path (the hot tier, the caches, Ray's connection)
                 timed(way, queries[:200])
             times: dict[str, list[float]] = {w: [] for w in ways}
+            order = np.random.default_rng(5)
             for _ in range(args.repeat):
-                for name, way in ways.items():  # alternated blocks: the machine's drift falls on every path
-                    times[name] += timed(way, queries)
+                for q in queries:  # each query down every path, in a random order: drift falls on all alike
+                    for name in order.permutation(list(ways)):
+                        t0 = time.perf_counter()
+                        ways[name](q)
+                        times[name].append(time.perf_counter() - t0)
             rule = local.search(queries[0], k=10, namespace="tenant", explain=True).rule
             served = colocated.stats()["colocated"]
             local.close()
     finally:
         down("hop")
     out = {w: percentiles(t) for w, t in times.items()}
-    out["remote_minus_local_p50_us"] = out["remote"]["p50_us"] - out["local"]["p50_us"]
-    out["colocated_minus_local_p50_us"] = out["colocated"]["p50_us"] - out["local"]["p50_us"]
+    local_times = np.asarray(times["local"])
+    for way in ("remote", "colocated"):  # the same query's two times, paired: the median of their differences
+        out[f"{way}_minus_local_p50_us"] = float(np.median(np.asarray(times[way]) - local_times) * 1e6)
     out["rule"], out["colocated_served"] = rule, served
     return out
 
 
 def _client(address: str, name: str, kind: str, seconds: float, dim: int, namespaces: list[str], seed: int,
-            start_at: float, results) -> None:
+            start_at: float, threads: int, results) -> None:
     import ray
 
     from tiered_recall.cluster import ClusterMemory
 
     ray.init(address=address, namespace="tiered_recall", log_to_driver=False, configure_logging=False)
     memory = ClusterMemory(address, name=name, colocated=False)
-    rng = np.random.default_rng(seed)
-    queries = unit(rng, 512, dim)
+    counts = [0] * threads
+
+    def work(t: int) -> None:
+        rng = np.random.default_rng(seed * 100 + t)
+        queries = unit(rng, 512, dim)
+        done, end = 0, start_at + seconds
+        while time.time() < end:
+            ns = namespaces[int(rng.integers(len(namespaces)))]
+            if kind == "search":
+                memory.search(queries[done % 512], k=10, namespace=ns)
+            else:
+                memory.add(["more"], vectors=queries[done % 512], namespace=ns)
+            done += 1
+        counts[t] = done
+
     while time.time() < start_at:
         time.sleep(0.005)
-    done, end = 0, start_at + seconds
-    while time.time() < end:
-        ns = namespaces[int(rng.integers(len(namespaces)))]
-        if kind == "search":
-            memory.search(queries[done % 512], k=10, namespace=ns)
-        else:
-            memory.add(["more"], vectors=queries[done % 512], namespace=ns)
-        done += 1
-    results.put(done)
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    results.put(sum(counts))
     memory.close()
     ray.shutdown()
 
 
 def throughput(address: str, name: str, kind: str, args, namespaces: list[str]) -> float:
-    """Operations per second of args.clients client processes, each calling through Ray for args.seconds."""
+    """Operations per second of args.clients client processes, each with args.threads threads calling through Ray
+    for args.seconds."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     start_at = time.time() + 20.0  # every client connected to Ray and warm before the clock starts
     clients = [context.Process(target=_client, args=(address, name, kind, args.seconds, args.dim, namespaces, seed,
-                                                     start_at, results)) for seed in range(args.clients)]
+                                                     start_at, args.threads, results)) for seed in range(args.clients)]
     for client in clients:
         client.start()
     total = sum(results.get(timeout=args.seconds + 300) for _ in clients)
@@ -226,7 +242,8 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=1000, help="searches per block and path")
     parser.add_argument("--repeat", type=int, default=3, help="alternated blocks per path")
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--clients", type=int, default=4, help="client processes of the throughput figures")
+    parser.add_argument("--clients", type=int, default=2, help="client processes of the throughput figures")
+    parser.add_argument("--threads", type=int, default=4, help="threads calling in each client process")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--namespaces", type=int, default=64)
     parser.add_argument("--scaling-rows", type=int, default=500, help="rows per namespace of the throughput runs")
@@ -258,7 +275,8 @@ def main() -> int:
                   f"(+{s['colocated_minus_local_p50_us']:.1f}); one Ray hop {s['remote']['p50_us']:.0f} / "
                   f"{s['remote']['p99_us']:.0f} (+{s['remote_minus_local_p50_us']:.0f})", flush=True)
         if "scaling" not in args.skip:
-            print(f"throughput, {args.clients} client processes through Ray, {os.cpu_count()} cores:", flush=True)
+            print(f"throughput, {args.clients} client processes x {args.threads} threads through Ray, "
+                  f"{os.cpu_count()} cores:", flush=True)
             out["scaling"] = scaling_figures(args, storage, address)
             for shards, f in out["scaling"].items():
                 print(f"  {shards} shard(s): searches x{f['searches_vs_n_times_one']:.2f} of N x one shard's, adds "
@@ -268,7 +286,9 @@ def main() -> int:
             for durability, f in out["add"].items():
                 print(f"add, {durability} durability: p50 {f['p50_us'] / 1e3:.1f} ms, p99 {f['p99_us'] / 1e3:.1f} ms;"
                       f" 8 threads: {f['eight_threads_adds_per_s']:.0f} adds/s, "
-                      f"{f['adds_per_commit_eight_threads'] or 0:.1f} adds per commit", flush=True)
+                      + (f"{f['adds_per_commit_eight_threads']:.1f} adds per commit"
+                         if f["adds_per_commit_eight_threads"] else "no commit waited for (flushed every second)"),
+                      flush=True)
     finally:
         ray.shutdown()
         storage.close()

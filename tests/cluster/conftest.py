@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ray")
-pytest.importorskip("moto")
 
 from tiered_recall.testing.cluster_parts import RayNodes, S3Server  # noqa: E402
 
@@ -34,6 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="module")
 def s3():
+    pytest.importorskip("moto")
     server = S3Server()
     try:
         yield server

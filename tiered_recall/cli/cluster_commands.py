@@ -169,10 +169,11 @@ def status_command(address: Optional[str] = ADDRESS, name: str = NAME, as_json: 
         fail(error)
 
 
+STOP_LOCAL_RAY = typer.Option(False, "--stop-local-ray", help="Also stop the local Ray `cluster up` started here.")
+
+
 @cluster_app.command("down")
-def down_command(address: Optional[str] = ADDRESS, name: str = NAME,
-                 stop_local_ray: bool = typer.Option(False, "--stop-local-ray",
-                                                     help="Also stop the local Ray `cluster up` started here.")) -> None:
+def down_command(address: Optional[str] = ADDRESS, name: str = NAME, stop_local_ray: bool = STOP_LOCAL_RAY) -> None:
     """Flush and stop every shard and the directory; the memories stay in storage (`cluster up` starts them
     again)."""
     from ..cluster import launch

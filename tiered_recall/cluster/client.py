@@ -79,7 +79,7 @@ class ClusterMemory:
         payload = {"texts": texts, "vectors": None if vectors is None else np.asarray(vectors, dtype=np.float32),
                    "ids": None if ids is None else list(ids), "session": session, "role": role,
                    "metadata": metadata, "created_at": created_at, "ttl": ttl, "expires_at": expires_at}
-        value, _ = self._session.one(namespace, "add", lambda vouched: (namespace, payload, vouched), local=False)
+        value, _ = self._session.one(namespace, "add", (namespace, payload), local=False)
         return value
 
     def delete(self, ids: Sequence[int] | int) -> int:
@@ -104,6 +104,7 @@ class ClusterMemory:
         self._pin(namespace, ids, unpin=False)
 
     def unpin(self, *, namespace: Any = None, ids: Sequence[int] | None = None) -> None:
+        """Lets the shards' policies evict these again."""
         self._pin(namespace, ids, unpin=True)
 
     def _pin(self, namespace: Any, ids: Sequence[int] | None, unpin: bool) -> None:
@@ -134,8 +135,7 @@ class ClusterMemory:
                    "refresh_ttl": refresh_ttl}
         if namespace is not None:
             name = namespace_name(namespace)
-            found, shard = self._session.one(name, "search_one", lambda vouched: (name, query, k, options, vouched),
-                                             local=not refresh_ttl)
+            found, shard = self._session.one(name, "search_one", (name, query, k, options), local=not refresh_ttl)
             _named(found.hits if isinstance(found, SearchReport) else found, shard)
             return found
         t0 = time.perf_counter()
@@ -189,7 +189,7 @@ class ClusterMemory:
         self._check_open()
         if namespace is not None:
             name = namespace_name(namespace)
-            value, _ = self._session.one(name, "count_one", lambda vouched: (name, vouched))
+            value, _ = self._session.one(name, "count_one", (name,))
             return int(value)
         return sum(v["memories"] for v in self.namespaces().values())
 
@@ -223,8 +223,7 @@ class ClusterMemory:
         if namespace is not None:
             name = namespace_name(namespace)
             yield from self._pages(lambda after: self._session.one(
-                name, "memories_page",
-                lambda vouched: (self._session.view.version, name, after, batch, vouched))[0])
+                name, "memories_page", (self._session.view.version, name, after, batch))[0])
             return
         version = self._session.view.version
         streams = [self._pages(lambda after, s=shard: self._shard_page(s, version, after, batch))

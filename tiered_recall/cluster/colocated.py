@@ -75,6 +75,7 @@ class CoLocatedShard:
         return reply
 
     def close(self) -> None:
+        """Closes this process's store of the shard (the shard runs on)."""
         try:
             self.memory.close()
         finally:

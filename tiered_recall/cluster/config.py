@@ -64,6 +64,7 @@ class ClusterConfig:
 
     @property
     def scheme(self) -> str:
+        """"s3", "gs", "az" or "local"."""
         return storage_scheme(self.storage)
 
     def shard_table_uri(self, shard: str) -> str:
@@ -87,6 +88,7 @@ class ClusterConfig:
         return out
 
     def secrets(self) -> tuple[str, ...]:
+        """The credential values of the storage options (what redaction takes out)."""
         return self.storage_options.secrets()
 
 

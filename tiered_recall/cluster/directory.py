@@ -25,6 +25,7 @@ CALL_TIMEOUT_S = 300.0
 
 
 def shard_actor_class():
+    """The shard's Ray actor class (Ray imported here, on first use)."""
     import ray
 
     from .shard import Shard
@@ -73,6 +74,7 @@ class Directory:
 
     @property
     def view(self) -> View:
+        """The ownership view the manifest holds now."""
         return View.from_json(self._body["view"])
 
     async def _persist(self) -> None:
@@ -194,6 +196,7 @@ class Directory:
             await self._persist()
 
     async def view_json(self) -> dict:
+        """The current ownership view (what a shard that missed a push asks for)."""
         await self._ready()
         return self._body["view"]
 
@@ -276,6 +279,7 @@ class Directory:
             self._mover = asyncio.get_running_loop().create_task(run_transition(self))
 
     async def wait_transition(self) -> None:
+        """Returns once no shard is being added or removed."""
         await self._ready()
         while self._mover is not None and not self._mover.done():
             await asyncio.sleep(0.1)
@@ -297,9 +301,11 @@ class Directory:
             await self._persist()
 
     def note_error(self, exc: BaseException) -> None:
+        """Keeps a failure of the mover for status(), credentials taken out."""
         self.last_error = redact(f"{type(exc).__name__}: {exc}", self.secrets)
 
     async def status(self) -> dict:
+        """The cluster's settings, view and manifest version, each shard's state, and any move in progress."""
         await self._ready()
         view = self.view
 
@@ -336,5 +342,6 @@ class Directory:
                                if (h := self._handle(s)) is not None))
 
     def ping(self) -> bool:
+        """True: the directory answers."""
         return True
 

@@ -23,6 +23,7 @@ class GroupCommit:
         self.seconds = 0.0
 
     def wait(self) -> None:
+        """Returns once a commit that began after this call is done; raises its failure."""
         with self._cond:
             self.waiters += 1
             mine = self._started + 1  # the first commit to start after this call covers it

@@ -17,6 +17,7 @@ _DETAIL_CHARS = 400
 
 
 def lancedb_module():
+    """The lancedb module, imported on first use."""
     import lancedb  # imported on first use, as the cold tier does
 
     return lancedb

@@ -94,6 +94,7 @@ class View:
         return self.decide(me, namespace, write=False, holds=lambda: True).kind == SERVE
 
     def to_json(self) -> dict[str, Any]:
+        """The view as JSON-able values (the manifest, a push, a shard's folder)."""
         return {"version": self.version, "ring": list(self.ring),
                 "target": None if self.target is None else list(self.target),
                 "moving": {ns: list(pair) for ns, pair in self.moving.items()},
@@ -101,6 +102,7 @@ class View:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "View":
+        """The view to_json() wrote."""
         return cls(version=int(data["version"]), ring=tuple(data["ring"]),
                    target=None if data.get("target") is None else tuple(data["target"]),
                    moving={ns: (pair[0], pair[1]) for ns, pair in (data.get("moving") or {}).items()},

@@ -26,13 +26,14 @@ def alive_nodes() -> list[dict[str, Any]]:
 
 
 def initial_layout(nodes: list[dict[str, Any]], config: ClusterConfig, shards: int | None) -> list[dict[str, Any]]:
-    """The shards to start: [{"kind": "gpu" | "cpu", "node": a node to start on, or None}], one per GPU first, then
-    shards_per_cpu_node on each node without a GPU that has the CPUs; `shards` caps (or, cycling over the CPU
-    nodes, extends) that count."""
+    """The shards to start: [{"kind": "gpu" | "cpu", "node": a node to start on, or None}], one per GPU first (when
+    the shards' device may be CUDA), then shards_per_cpu_node on each node without a GPU that has the CPUs (on every
+    node, when there are no GPU shards); `shards` caps (or, cycling over the CPU nodes, extends) that count."""
     gpu = [{"kind": GPU, "node": n["node"]} for n in nodes for _ in range(n["gpus"])] \
         if config.device in ("auto", "cuda") else []
-    cpu_nodes = [n for n in nodes if n["gpus"] == 0 and n["cpus"] >= max(config.cpus_per_shard, 1e-9)] or \
-        [n for n in nodes if n["cpus"] >= config.cpus_per_shard]
+    # With GPU shards, the GPU nodes' CPUs serve them (their sidecars' hosts, their clients); without, every node's.
+    cpu_nodes = [n for n in nodes if (n["gpus"] == 0 or not gpu) and n["cpus"] > 0
+                 and n["cpus"] >= config.cpus_per_shard]
     cpu = [{"kind": CPU, "node": n["node"]} for _ in range(config.shards_per_cpu_node) for n in cpu_nodes]
     layout = gpu + cpu
     if shards is None:

@@ -92,6 +92,7 @@ class RedactingFilter(logging.Filter):
         self.secrets = tuple(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Takes the secrets out of the record; keeps every record."""
         _redacted_record(record, self.secrets)
         return True
 

@@ -29,6 +29,7 @@ class Reply:
 
 
 def ok(value: Any, version: int) -> Reply:
+    """A reply carrying a result, at the shard's view version."""
     return Reply(OK, value, version)
 
 

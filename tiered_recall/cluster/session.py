@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ShardUnavailable
 from . import launch, replies
@@ -76,13 +76,16 @@ class ClusterSession:
                             "requests go through Ray", shard, redact(str(exc), self.config.secrets()))
 
     def colocated(self, shard: str) -> CoLocatedShard | None:
+        """This process's store of a shard on this node, or None."""
         return self._colocated.get(shard)
 
     def colocated_figures(self) -> dict[str, dict[str, int]]:
+        """Reads each co-located shard served in this process, and those it left to Ray."""
         return {s: {"served": c.served, "declined": c.declined} for s, c in self._colocated.items()}
 
     # ---- one call -----------------------------------------------------------------------------
     def handle(self, shard: str):
+        """The shard's Ray actor handle (None while it does not exist)."""
         handle = self._handles.get(shard)
         if handle is None:
             try:
@@ -113,6 +116,7 @@ class ClusterSession:
             return Reply(replies.RETRY, value=f"{shard} did not answer within {self.timeout_s:.0f} s", retry_s=0.0)
 
     def call(self, shard: str, method: str, *args: Any, local: bool = True) -> Reply:
+        """One call to a shard: in this process when it is co-located and the call is a read, else through Ray."""
         colocated = self._colocated.get(shard) if local else None
         if colocated is not None and method in _LOCAL_READS:
             reply = colocated.answer(method, *args)
@@ -121,16 +125,21 @@ class ClusterSession:
         return self.collect(shard, self.submit(shard, method, *args))
 
     # ---- carrying out a request ------------------------------------------------------------------
-    def one(self, namespace: str, method: str, args: Callable[[bool], tuple], *, local: bool = True
-            ) -> tuple[Any, str]:
-        """(value, shard) of a request for one namespace: sent where the view routes it, following redirects, and
-        again while the namespace moves or its shard restarts, for up to wait_s; then ShardUnavailable."""
-        deadline = time.monotonic() + self.wait_s
+    def one(self, namespace: str, method: str, args: tuple, *, local: bool = True) -> tuple[Any, str]:
+        """(value, shard) of a request for one namespace (args: the method's, but for `vouched`, added last): sent
+        where the view routes it, following redirects, and again while the namespace moves or its shard restarts,
+        for up to wait_s; then ShardUnavailable."""
         shard = self._hints.get(namespace) or self.view.route(namespace)
+        colocated = self._colocated.get(shard) if local and self.view.target is None else None
+        if colocated is not None:  # the usual case on a shard's node: no Ray hop, nothing else to decide
+            reply = colocated.answer(method, *args, False)
+            if reply is not None:
+                return reply.value, shard
+        deadline = time.monotonic() + self.wait_s
         redirects, reason = 0, "no answer"
         while True:
             vouched = self._vouched.get(namespace) == self.view.target and self.view.target is not None
-            reply = self.call(shard, method, *args(vouched), local=local)
+            reply = self.call(shard, method, *args, vouched, local=local)
             if reply.kind == replies.OK:
                 return reply.value, shard
             if reply.kind == replies.ERROR:
@@ -187,6 +196,7 @@ class ClusterSession:
                                retry_after_s=1.0)
 
     def close(self) -> None:
+        """Closes the co-located stores this process opened."""
         for local in self._colocated.values():
             try:
                 local.close()

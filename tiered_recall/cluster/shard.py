@@ -175,16 +175,19 @@ class Shard:
 
     # ---- reads ---------------------------------------------------------------------------------
     def search_one(self, namespace: str, query: Any, k: int, options: dict, vouched: bool = False) -> Reply:
+        """TieredMemory.search of one namespace, when this shard serves it."""
         core = self._ready()
         return core if isinstance(core, Reply) else core.guarded(core.search_one, namespace, query, k, options,
                                                                  vouched)
 
     def search_many(self, version: int, query: Any, k: int, prefix: str | None, options: dict) -> Reply:
+        """A search over the namespaces this shard serves (a prefix, or all), at the caller's view version."""
         core = self._ready(version)
         return core if isinstance(core, Reply) else core.guarded(core.search_many, version, query, k, prefix,
                                                                  options)
 
     def get_many(self, version: int, ids: list[int], refresh_ttl: bool = False) -> Reply:
+        """The memories of these ids this shard serves (refresh_ttl: their time to live started again)."""
         core = self._ready(version)
         if isinstance(core, Reply):
             return core
@@ -192,19 +195,23 @@ class Shard:
         return self._committed(reply) if refresh_ttl else reply
 
     def vectors_many(self, version: int, ids: list[int]) -> Reply:
+        """The stored vectors of these ids this shard serves."""
         core = self._ready(version)
         return core if isinstance(core, Reply) else core.guarded(core.vectors_many, version, ids)
 
     def counts_many(self, version: int) -> Reply:
+        """The namespaces this shard serves, with their memories and hot rows."""
         core = self._ready(version)
         return core if isinstance(core, Reply) else core.guarded(core.counts_many, version)
 
     def count_one(self, namespace: str, vouched: bool = False) -> Reply:
+        """Memories of one namespace, when this shard serves it."""
         core = self._ready()
         return core if isinstance(core, Reply) else core.guarded(core.count_one, namespace, vouched)
 
     def memories_page(self, version: int, namespace: str | None, after: tuple | None, limit: int,
                       vouched: bool = False) -> Reply:
+        """A page of memories (of one namespace, or of all this shard serves), oldest first, past a key."""
         core = self._ready(version)
         return core if isinstance(core, Reply) else core.guarded(core.memories_page, version, namespace, after,
                                                                  limit, vouched)
@@ -267,6 +274,7 @@ class Shard:
         return self._committed(core.guarded(delete))
 
     def pin(self, namespace: str | None, ids: list[int] | None, unpin: bool = False) -> Reply:
+        """TieredMemory.pin (or unpin) on this shard."""
         core = self._ready()
         if isinstance(core, Reply):
             return core
@@ -275,6 +283,7 @@ class Shard:
 
     # ---- moves ---------------------------------------------------------------------------------
     def held(self) -> Reply:
+        """Every namespace this shard holds rows of, with their counts (what a move surveys)."""
         core = self._ready()
         return core if isinstance(core, Reply) else core.guarded(lambda: replies.ok(core.held(), core.view.version))
 
@@ -380,16 +389,19 @@ class Shard:
         return core.guarded(drop)
 
     def drop_staging(self, table: str) -> None:
+        """Drops a move's staging table."""
         self._staged().drop(table)
 
     # ---- reports and life cycle ------------------------------------------------------------------
     def info(self) -> dict:
+        """The shard's node, folder, incarnation, readiness, last error and view version."""
         core = self.core
         return {"shard": self.shard, "node": self.node, "folder": None if self.folder is None else str(self.folder),
                 "epoch": self.epoch, "ready": core is not None and not self._closed, "error": self.error,
                 "version": None if core is None else core.view.version, "pid": os.getpid()}
 
     def stats(self) -> Reply:
+        """info() with the store's stats and the group commit's figures."""
         core = self._ready()
         if isinstance(core, Reply):
             return core

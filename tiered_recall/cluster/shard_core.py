@@ -11,6 +11,7 @@ from typing import Any
 from ..coordinator import Memory, SearchReport, TieredMemory
 from ..namespaces import under_prefix
 from . import replies
+from .hashing import owner
 from .ownership import REDIRECT, RETRY, SERVE, View
 from .replies import Reply
 
@@ -21,10 +22,12 @@ RETRY_MOVING_S = 0.05
 
 
 def sql_string(value: str) -> str:
+    """value as a SQL string literal."""
     return "'" + value.replace("'", "''") + "'"
 
 
 def within(names: list[str], where: str | None) -> str:
+    """A cold-tier filter to these namespaces (and `where` when given)."""
     listed = "namespace IN (" + ", ".join(sql_string(n) for n in names) + ")"
     return listed if where is None else f"({where}) AND {listed}"
 
@@ -62,6 +65,7 @@ class ReadGate:
                 self._cond.notify_all()
 
     def exclusive(self) -> "_Exclusive":
+        """A context in which no request runs (a view change)."""
         return _Exclusive(self)
 
 
@@ -99,6 +103,7 @@ class ShardCore:
 
     # ---- the view -----------------------------------------------------------------------------
     def holds(self, namespace: str) -> bool:
+        """Whether this shard holds rows of the namespace."""
         return self.memory.count(namespace) > 0
 
     def refresh_excluded(self) -> None:
@@ -110,6 +115,9 @@ class ShardCore:
 
     def decide(self, namespace: str, *, write: bool, vouched: bool) -> Reply | None:
         """None to serve, else the Reply that sends the caller elsewhere or asks it to retry."""
+        view = self.view
+        if view.target is None and not view.moving and not view.placed and owner(namespace, view.ring) == self.shard:
+            return None  # the usual case, outside any move: this shard owns the namespace
         decision = self.view.decide(self.shard, namespace, write=write, holds=lambda: self.holds(namespace),
                                     vouched=vouched)
         if decision.kind == SERVE:
@@ -133,6 +141,7 @@ class ShardCore:
 
     # ---- one namespace ------------------------------------------------------------------------
     def search_one(self, namespace: str, query: Any, k: int, options: dict[str, Any], vouched: bool = False) -> Reply:
+        """TieredMemory.search of one namespace, when the view lets this shard serve it."""
         write = bool(options.get("refresh_ttl"))
         redirect = self.decide(namespace, write=write, vouched=vouched)
         if redirect is not None:
@@ -140,6 +149,7 @@ class ShardCore:
         return replies.ok(self.memory.search(query, k=k, namespace=namespace, **options), self.view.version)
 
     def count_one(self, namespace: str, vouched: bool = False) -> Reply:
+        """Memories of one namespace, when the view lets this shard serve it."""
         redirect = self.decide(namespace, write=False, vouched=vouched)
         if redirect is not None:
             return redirect
@@ -170,6 +180,7 @@ class ShardCore:
 
     # ---- many namespaces (the caller checks every shard answered at one version) ----------------
     def search_many(self, version: int, query: Any, k: int, prefix: str | None, options: dict[str, Any]) -> Reply:
+        """The exact top k over the namespaces this shard serves under `prefix` (all when None), at `version`."""
         if (stale := self._stale(version)) is not None:
             return stale
         explain = bool(options.get("explain"))

@@ -18,6 +18,7 @@ INCARNATION = "incarnation.json"
 LEASE = "lease"
 VIEW = "view.json"
 SEQUENCE = "view.seq"
+LEASE_PROBE_S = 0.05
 
 
 def default_local_root() -> str:
@@ -28,6 +29,7 @@ def default_local_root() -> str:
 
 
 def shard_folder(root: str, cluster: str, shard: str) -> Path:
+    """A shard's node-local folder under `root`."""
     return Path(root) / cluster / shard
 
 
@@ -75,6 +77,7 @@ class Lease:
                 time.sleep(0.05)
 
     def close(self) -> None:
+        """Lets the lease go (the shard is closing)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -95,6 +98,7 @@ class ViewPublisher:
         self._words = memoryview(self._map).cast("q")
 
     def publish(self, state: dict[str, Any]) -> None:
+        """Writes the view (the counter odd meanwhile, then even again)."""
         self._words[0] += 1  # odd: a view is being written
         tmp = self._folder / (VIEW + ".tmp")
         tmp.write_text(json.dumps(state))
@@ -102,6 +106,7 @@ class ViewPublisher:
         self._words[0] += 1
 
     def close(self) -> None:
+        """Unmaps the counter."""
         self._words.release()
         self._map.close()
 
@@ -119,11 +124,14 @@ class ViewReader:
             os.close(fd)
         self._words = memoryview(self._map).cast("q")
         self._lease = os.open(folder / LEASE, os.O_RDONLY)
+        self._probed_at = 0.0
 
     def sequence(self) -> int:
+        """The counter: odd while a view is being written."""
         return self._words[0]
 
     def load(self) -> dict[str, Any] | None:
+        """The published view, or None while none can be read."""
         try:
             return json.loads((self._folder / VIEW).read_text())
         except (OSError, ValueError):
@@ -131,15 +139,23 @@ class ViewReader:
 
     def shard_alive(self) -> bool:
         """True while a live shard holds the lease on this folder's lease file (the one this reader opened: a
-        folder emptied for a new incarnation has a new file, so this one is free)."""
+        folder emptied for a new incarnation has a new file, so this one is free). Probed at most every
+        LEASE_PROBE_S: a shard lost since then cannot have been replaced by one that took a write yet (a new
+        incarnation needs Ray to notice the loss and a process to start, seconds), so what it answered still holds."""
+        now = time.monotonic()
+        if now - self._probed_at < LEASE_PROBE_S:
+            return True
         try:
             fcntl.flock(self._lease, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
+            self._probed_at = now
             return True
         fcntl.flock(self._lease, fcntl.LOCK_UN)
+        self._probed_at = 0.0
         return False
 
     def close(self) -> None:
+        """Unmaps the counter and closes the lease file."""
         self._words.release()
         self._map.close()
         os.close(self._lease)

@@ -13,9 +13,15 @@ OBJECT_STORE_BYTES = 100 * 1024 * 1024
 
 
 def free_port() -> int:
+    """A TCP port nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class S3Server:
@@ -45,7 +51,7 @@ class S3Server:
             command = [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)]
             self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + 60
-            while socket.socket().connect_ex(("127.0.0.1", self.port)) != 0:
+            while not _listening(self.port):
                 if time.monotonic() > deadline or self._process.poll() is not None:
                     raise RuntimeError("moto_server did not start")
                 time.sleep(0.1)
@@ -67,6 +73,7 @@ class S3Server:
             requests.post(f"{self.endpoint}/moto-api/reset-auth", data=b"0", timeout=10)
 
     def client(self):
+        """A boto3 S3 client with the server's key."""
         import boto3
 
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
@@ -78,9 +85,11 @@ class S3Server:
                 "aws_access_key_id": self.access_key, "aws_secret_access_key": self.secret_key, **changes}
 
     def uri(self, prefix: str) -> str:
+        """s3://<bucket>/<prefix>."""
         return f"s3://{self.bucket}/{prefix}"
 
     def keys(self, prefix: str) -> list[str]:
+        """The object keys under a prefix."""
         listed = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [o["Key"] for page in listed for o in page.get("Contents", [])]
 
@@ -93,6 +102,7 @@ class S3Server:
             self.running = False
 
     def start(self) -> None:
+        """Serves again on the same port, the objects as they were."""
         if not self.running:
             deadline = time.monotonic() + 30
             while True:
@@ -107,6 +117,7 @@ class S3Server:
             self.running = True
 
     def close(self) -> None:
+        """Stops the server for good."""
         import requests
 
         if self._process is not None:
@@ -123,11 +134,12 @@ class RayNodes:
     """A Ray cluster of a head and `workers` nodes on this machine, each with `cpus` CPUs to give out and a small
     object store, this process connected to it; kill() removes a node as a crash would."""
 
-    def __init__(self, workers: int = 2, cpus: int = 2, head_cpus: int = 2, temp_dir: str | None = None) -> None:
+    def __init__(self, workers: int = 2, cpus: int = 2, head_cpus: int = 2, temp_dir: str | None = None,
+                 head_gpus: int = 0) -> None:
         import ray
         from ray.cluster_utils import Cluster
 
-        head: dict[str, Any] = {"num_cpus": head_cpus, "include_dashboard": False,
+        head: dict[str, Any] = {"num_cpus": head_cpus, "num_gpus": head_gpus, "include_dashboard": False,
                                 "object_store_memory": OBJECT_STORE_BYTES}
         if temp_dir is not None:
             head["temp_dir"] = temp_dir
@@ -139,6 +151,7 @@ class RayNodes:
         self.address = self.cluster.address
 
     def node_of_id(self, node_id: str):
+        """The node object of a Ray node id (None when it is gone)."""
         for node in [self.cluster.head_node, *self.workers]:
             if node.node_id == node_id:
                 return node
@@ -150,12 +163,14 @@ class RayNodes:
         self.workers = [w for w in self.workers if w is not node]
 
     def add(self, cpus: int = 2):
+        """Adds a worker node and waits until it is up."""
         node = self.cluster.add_node(num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES)
         self.workers.append(node)
         self.cluster.wait_for_nodes()
         return node
 
     def close(self) -> None:
+        """Disconnects and shuts every node down."""
         import ray
 
         ray.shutdown()
