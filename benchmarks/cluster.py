@@ -164,7 +164,7 @@ def throughput(address: str, name: str, kind: str, args, namespaces: list[str]) 
     for args.seconds."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    start_at = time.time() + 20.0  # every client connected to Ray and warm before the clock starts
+    start_at = time.time() + args.client_start_s  # every client connected to Ray before the clock starts
     clients = [context.Process(target=_client, args=(address, name, kind, args.seconds, args.dim, namespaces, seed,
                                                      start_at, args.threads, results)) for seed in range(args.clients)]
     for client in clients:
@@ -245,6 +245,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=2, help="client processes of the throughput figures")
     parser.add_argument("--threads", type=int, default=4, help="threads calling in each client process")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--client-start-s", type=float, default=20.0,
+                        help="seconds the client processes get to start and connect before the clock starts")
     parser.add_argument("--namespaces", type=int, default=64)
     parser.add_argument("--scaling-rows", type=int, default=500, help="rows per namespace of the throughput runs")
     parser.add_argument("--scaling-durability", choices=["object", "local"], default="object")
