@@ -144,7 +144,8 @@ def up(config: ClusterConfig, *, shards: int | None = None) -> dict:
         handle = ray.get_actor(name, namespace=RAY_NAMESPACE)
     except ValueError:
         handle = ray.remote(Directory).options(
-            name=name, namespace=RAY_NAMESPACE, lifetime="detached", max_restarts=-1, max_task_retries=-1,
+            # restarted without end; a call it was running is not run again (adding a shard twice would add two)
+            name=name, namespace=RAY_NAMESPACE, lifetime="detached", max_restarts=-1, max_task_retries=0,
             num_cpus=0, get_if_exists=True).remote(config.name, config.public(), config.storage_options)
     layout = initial_layout(alive_nodes(), config, shards)
     if not layout:
