@@ -227,3 +227,14 @@ def test_the_framework_integrations_work_over_a_cluster(make_cluster):
             assert not found.is_error and found.structured_content["hits"][0]["text"] == "My cat is called Miso"
 
     asyncio.run(talk())
+
+    async def awaited() -> None:  # AsyncClusterMemory: the same cluster for asyncio code
+        from tiered_recall.cluster import AsyncClusterMemory
+
+        async with AsyncClusterMemory.wrap(texts) as memory:
+            ids = await memory.add(["awaited"], vectors=np.ones((1, 64), np.float32), namespace="aio")
+            hits = await memory.search(np.ones(64, np.float32), k=1, namespace="aio")
+            assert [h.id for h in hits] == ids and hits[0].shard
+            assert await memory.count("aio") == 1
+
+    asyncio.run(awaited())

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -195,29 +196,32 @@ def start_local_ray(num_cpus: int | None = None, object_store_bytes: int | None 
         return running
     require_ray()
     port = _free_port()
-    temp_dir = _state_file().parent / "ray"
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    # Ray's sockets live under its temp dir, whose path must stay short: a folder of this user's own under /tmp.
+    temp_dir = Path(tempfile.gettempdir()) / f"tiered-recall-ray-{os.getuid()}"
+    temp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _state_file().parent.mkdir(parents=True, exist_ok=True)
     command = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", f"--port={port}",
                "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"]
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
     if object_store_bytes is not None:
         command.append(f"--object-store-memory={object_store_bytes}")
-    log = open(temp_dir / "ray-start.log", "ab")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
+    log_path = _state_file().parent / "ray-start.log"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise ClusterUnavailable(f"`ray start` failed (exit {process.returncode}); see {temp_dir}/ray-start.log")
+            raise ClusterUnavailable(f"`ray start` failed (exit {process.returncode}); see {log_path}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 break
         time.sleep(0.2)
     else:
         process.terminate()
-        raise ClusterUnavailable(f"the local Ray did not start within {timeout_s:.0f} s; see {temp_dir}/ray-start.log")
+        raise ClusterUnavailable(f"the local Ray did not start within {timeout_s:.0f} s; see {log_path}")
     _state_file().write_text(json.dumps({"pid": process.pid, "address": address}))
     return address
 
