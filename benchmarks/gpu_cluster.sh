@@ -7,7 +7,7 @@
 #                sidecar (sm_90) into .devbuild/trbuild
 #   STAGE=run    puts ray.tar.xz together with the second part from .devbuild/cluster2, installs it, LanceDB (packed
 #                as benchmarks/gpu_soak.sh packs it) and the small wheels, runs the GPU test and the benchmark
-# Prepare the two folders here (Python 3.12 wheels, the device README's pip download):
+# Prepare the two folders here (Python 3.12 wheels, the device README's pip download; the versions this venv has):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d /tmp/whl \
 #     ray==2.60.0 jsonschema jsonschema-specifications referencing rpds-py lancedb==0.40.0 lance-namespace \
@@ -16,10 +16,9 @@
 #   mkdir -p .devbuild/cluster1 .devbuild/cluster2 /tmp/whl/ray /tmp/whl/lance
 #   (cd /tmp/whl/ray && unzip -q ../ray-2.60.0-*.whl && tar cf - . | xz -6 -T2 > ../ray.tar.xz)      # ~65 MB
 #   (cd /tmp/whl/lance && unzip -q ../lancedb-*.whl && tar cf - . | xz -9 -T2 > ../lancedb.tar.xz)   # ~41 MB
-#   split -b 48m /tmp/whl/ray.tar.xz .devbuild/cluster1/ray.tar.xz.   # .aa here (48 MB) ...
-#   mv .devbuild/cluster1/ray.tar.xz.ab .devbuild/cluster2/            # ... .ab (~17 MB) with the rest
-#   cp /tmp/whl/lancedb.tar.xz .devbuild/cluster2/ && cp /tmp/whl/*.whl .devbuild/cluster2/ && \
-#     rm .devbuild/cluster2/ray-*.whl .devbuild/cluster2/lancedb-*.whl
+#   split -b 48m /tmp/whl/ray.tar.xz .devbuild/cluster1/ray.tar.xz.    # .aa (48 MiB) here, with the small wheels
+#   mv .devbuild/cluster1/ray.tar.xz.ab /tmp/whl/lancedb.tar.xz .devbuild/cluster2/    # ~14 MB + ~41 MB there
+#   cp /tmp/whl/*.whl .devbuild/cluster1/ && rm .devbuild/cluster1/ray-*.whl .devbuild/cluster1/lancedb-*.whl
 # Then: run(command="STAGE=stash bash benchmarks/gpu_cluster.sh", carry=[".devbuild/cluster1"]) and at once
 #       run(command="STAGE=run bash benchmarks/gpu_cluster.sh", carry=[".devbuild/cluster2"], timeout_s=600)
 set -uo pipefail
@@ -34,7 +33,7 @@ step() { echo; echo "=== $* ($(date +%T), ${SECONDS}s)"; }
 case "$STAGE" in
 stash)
   step machine; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
-  cp .devbuild/cluster1/ray.tar.xz.* "$STASH"/ && ls -la "$STASH"
+  cp .devbuild/cluster1/* "$STASH"/ && ls -la "$STASH"
   step "build (sm_90)"
   cmake -S native -B .devbuild/trbuild -G Ninja -DTR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 \
     && ninja -C .devbuild/trbuild >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -44,7 +43,7 @@ run)
   cat "$STASH"/ray.tar.xz.aa .devbuild/cluster2/ray.tar.xz.ab | xz -d | tar xf - -C "$SITE" || exit 1
   xz -d < .devbuild/cluster2/lancedb.tar.xz | tar xf - -C "$SITE" || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    .devbuild/cluster2/*.whl 2>&1 | grep -v WARNING | tail -3
+    "$STASH"/*.whl 2>&1 | grep -v WARNING | tail -3
   python3 -c "import ray, lancedb; print('ray', ray.__version__, 'lancedb', lancedb.__version__)" || exit 1
   step "the GPU shard test"
   TR_REQUIRE_GPU=1 timeout 240 python3 -m pytest tests/cluster/test_cluster_gpu.py -q -p no:cacheprovider -ra \

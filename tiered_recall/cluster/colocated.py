@@ -74,6 +74,11 @@ class CoLocatedShard:
         self.served += 1
         return reply
 
+    def lost(self) -> bool:
+        """True when no live shard holds this folder's lease any more."""
+        self.reader.forget_probe()
+        return not self.reader.shard_alive()
+
     def close(self) -> None:
         """Closes this process's store of the shard (the shard runs on)."""
         try:

@@ -5,8 +5,10 @@ one view version (retrying until they agree)."""
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ..errors import ShardUnavailable
@@ -17,6 +19,7 @@ from .ownership import View
 from .redaction import redact, redact_package_logs
 from .replies import Reply
 from .shard import RAY_NAMESPACE, actor_name
+from .shard_folder import SEQUENCE
 
 logger = logging.getLogger("tiered_recall")
 _REFRESH_MIN_S = 0.02
@@ -39,12 +42,14 @@ class ClusterSession:
         self._colocated: dict[str, CoLocatedShard] = {}
         self._refreshed_at = 0.0
         self._filter = None
+        self._colocated_wanted = False
         self.view: View = View(0, ())
         self.config: ClusterConfig | None = None
         self.layout: dict = {}
         self.refresh(force=True)
         self._filter = redact_package_logs(self.config.secrets())
         self.node = self._ray.get_runtime_context().get_node_id()
+        self._colocated_wanted = colocated
         if colocated:
             self._open_colocated()
 
@@ -63,17 +68,34 @@ class ClusterSession:
                 self._hints.clear()
             self.view, self.layout = view, layout
             self._refreshed_at = time.monotonic()
+            if force and self._colocated_wanted:
+                self._reconcile_colocated()
 
     def _open_colocated(self) -> None:
         """Opens, in this process, the store of every shard that runs on this node (where its folder is)."""
         for shard, entry in sorted(self.layout["shards"].items()):
-            if entry.get("node") != self.node or not entry.get("folder"):
+            if shard in self._colocated or entry.get("node") != self.node or not entry.get("folder"):
+                continue
+            if not (Path(entry["folder"]) / SEQUENCE).exists():  # not opened yet by the shard
                 continue
             try:
                 self._colocated[shard] = CoLocatedShard(shard, entry["folder"], self.config)
             except Exception as exc:  # served through Ray instead
                 logger.info("tiered-recall: %s runs on this node but its store could not be opened here (%s): its "
                             "requests go through Ray", shard, redact(str(exc), self.config.secrets()))
+
+    def _reconcile_colocated(self) -> None:
+        """After a failure: lets go of a co-located store whose shard is gone from it (restarted elsewhere, or in a
+        new folder) and opens those of shards that now run on this node."""
+        for shard, local in list(self._colocated.items()):
+            entry = self.layout["shards"].get(shard) or {}
+            if entry.get("node") != self.node or entry.get("folder") != str(local.folder) or local.lost():
+                del self._colocated[shard]
+                try:
+                    local.close()
+                except Exception as exc:  # its files may be gone already
+                    logger.info("tiered-recall: closing the co-located store of %s: %s", shard, exc)
+        self._open_colocated()
 
     def colocated(self, shard: str) -> CoLocatedShard | None:
         """This process's store of a shard on this node, or None."""
@@ -96,11 +118,12 @@ class ClusterSession:
         return handle
 
     def submit(self, shard: str, method: str, *args: Any):
-        """Sends a call to a shard's actor: its ObjectRef, or a Reply when it cannot be sent."""
+        """Sends a call to a shard's actor: its ObjectRef, or a Reply when it cannot be sent. The arguments and the
+        reply travel as plain pickles (Shard.call)."""
         handle = self.handle(shard)
         if handle is None:
             return Reply(replies.RETRY, value=f"{shard} is not running", retry_s=0.2)
-        return getattr(handle, method).remote(*args)
+        return handle.call.remote(method, pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL))
 
     def collect(self, shard: str, sent) -> Reply:
         """The Reply of a call sent by submit(); Ray's failures (a shard restarting, gone, slow) as RETRY."""
@@ -108,7 +131,7 @@ class ClusterSession:
             return sent
         exceptions = self._ray.exceptions
         try:
-            return self._ray.get(sent, timeout=self.timeout_s)
+            return pickle.loads(self._ray.get(sent, timeout=self.timeout_s))
         except (exceptions.ActorUnavailableError, exceptions.RayActorError) as exc:
             self._handles.pop(shard, None)
             return Reply(replies.RETRY, value=f"{shard} is restarting ({type(exc).__name__})", retry_s=0.2)

@@ -154,6 +154,10 @@ class ViewReader:
         self._probed_at = 0.0
         return False
 
+    def forget_probe(self) -> None:
+        """The next shard_alive() probes the lease whenever it was last probed."""
+        self._probed_at = 0.0
+
     def close(self) -> None:
         """Unmaps the counter and closes the lease file."""
         self._words.release()
