@@ -135,6 +135,10 @@ class ClusterMemory:
                    "refresh_ttl": refresh_ttl}
         if namespace is not None:
             name = namespace_name(namespace)
+            if not refresh_ttl:  # the usual case on a shard's node: read in this process, nothing else to decide
+                here = self._session.search_here(name, query, k, options)
+                if here is not None:
+                    return here
             found, shard = self._session.one(name, "search_one", (name, query, k, options), local=not refresh_ttl)
             _named(found.hits if isinstance(found, SearchReport) else found, shard)
             return found

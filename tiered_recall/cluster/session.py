@@ -147,6 +147,24 @@ class ClusterSession:
                 return reply
         return self.collect(shard, self.submit(shard, method, *args))
 
+    def search_here(self, namespace: str, query: Any, k: int, options: dict) -> Any:
+        """A one-namespace search answered in this process when its shard runs on this node and no move is under
+        way (its hits named by their shard), else None."""
+        view = self.view
+        if view.target is not None:
+            return None
+        shard = self._hints.get(namespace) or view.route(namespace)
+        colocated = self._colocated.get(shard)
+        if colocated is None:
+            return None
+        reply = colocated.answer("search_one", namespace, query, k, options, False)
+        if reply is None:
+            return None
+        found = reply.value
+        for hit in (found.hits if hasattr(found, "hits") else found):
+            hit.__dict__["shard"] = shard
+        return found
+
     # ---- carrying out a request ------------------------------------------------------------------
     def one(self, namespace: str, method: str, args: tuple, *, local: bool = True) -> tuple[Any, str]:
         """(value, shard) of a request for one namespace (args: the method's, but for `vouched`, added last): sent
