@@ -24,6 +24,10 @@ from ._wal import WriteAheadLog
 # make several times per write inside the store's cross-process write lock, and readers once per search. With many
 # processes on few cores that round trip waits for the loop thread to be scheduled, so it is asked rarely.
 _VERSION_CHECK_S = 1.0
+# The same for a table in object storage (ColdStore's table_uri), where the listing is a request to the store (tens of
+# milliseconds on S3, a failure while it is away): only this host's processes write such a table, and their changes
+# all come through the log, so the version is bookkeeping there.
+REMOTE_VERSION_CHECK_S = 30.0
 # After a read found the version moved while another writer was at work (a flush between its commit and its
 # rotation) and left it for later, the reads of the next moment leave it too without asking while a writer is still
 # at work (two flock probes): otherwise every read in every process asks once per read until that writer is done.
@@ -90,6 +94,7 @@ class Follower:
     def __init__(self, path: str, dim: int, tables: LanceTables, wal: WriteAheadLog | None, *,
                  mirror_max_bytes: int, read_only: bool) -> None:
         self.dim = dim
+        self._version_check_s = REMOTE_VERSION_CHECK_S if tables.uri != tables.path else _VERSION_CHECK_S
         self._tables = tables
         self._wal = wal
         self._log = None if wal is None else LogFollower(wal.folder)
@@ -330,7 +335,7 @@ class Follower:
         logged = self.mirror is not None and self._wal is not None and not self._tables.lagging_reads
         if defer and logged:
             now = time.monotonic()
-            if now - self._version_settled_at < _VERSION_CHECK_S:
+            if now - self._version_settled_at < self._version_check_s:
                 return True  # settled a moment ago, and every row change since came through the log (above)
             if now - self._version_deferred_at < _DEFERRED_VERSION_RECHECK_S and self._writer_active():
                 return False  # left for later a moment ago, and that writer (or another) is still at work

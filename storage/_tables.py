@@ -137,8 +137,13 @@ class LanceTables:
     maintenance commit outside the store's lock, each through a handle of its own (opened on first use). Every
     handle is replaced by reconnect()."""
 
-    def __init__(self, path: str, dim: int, *, read_only: bool, read_consistency_interval_s: float) -> None:
-        self.path = path
+    def __init__(self, path: str, dim: int, *, read_only: bool, read_consistency_interval_s: float,
+                 uri: str | None = None, storage_options: dict[str, str] | None = None) -> None:
+        self.path = path  # the store's local folder: its locks, log and messages
+        # Where LanceDB keeps the table: the folder itself, or an object store (s3://, gs://, az://) with the options
+        # LanceDB takes for it (endpoint, region, keys); the log, mirror and locks stay in the local folder.
+        self.uri = uri or path
+        self._storage_options = dict(storage_options) if storage_options else None
         self.dim = dim
         self.read_only = read_only
         self._read_interval = timedelta(seconds=float(read_consistency_interval_s))
@@ -164,7 +169,8 @@ class LanceTables:
     def _connect(self):
         session = lancedb().Session(metadata_cache_size_bytes=_LANCE_METADATA_CACHE_BYTES)
         return self.guard("connect to LanceDB", lambda: lancedb().connect(
-            self.path, read_consistency_interval=self._read_interval, session=session))
+            self.uri, read_consistency_interval=self._read_interval, session=session,
+            storage_options=self._storage_options))
 
     def _open_or_create(self):
         def open_or_create():

@@ -62,6 +62,21 @@ def _check_options(*, index: str, faiss_min_rows: Any, target_recall: Any, path:
         raise InvalidInput(f"wal_flush_s must be a number > 0 (seconds between background flushes), got {wal_flush_s!r}")
 
 
+def _check_location(table_uri: Any, storage_options: Any) -> tuple[str | None, dict[str, str] | None]:
+    if table_uri is not None and (not isinstance(table_uri, str) or not table_uri):
+        raise InvalidInput(f"table_uri must be a non-empty str (s3://bucket/prefix, gs://..., a folder) or None, got "
+                           f"{type(table_uri).__name__}")
+    if storage_options is None:
+        return table_uri, None
+    if table_uri is None:
+        raise InvalidInput("storage_options go with table_uri (the object store they are for): pass both")
+    if not isinstance(storage_options, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                        for k, v in storage_options.items()):
+        raise InvalidInput("storage_options must be a dict of str to str (LanceDB's options: aws_endpoint, "
+                           "aws_region, ...)")  # the values are never printed: they may be keys
+    return table_uri, dict(storage_options)
+
+
 class ColdStore:
     """Durable memory rows (LanceDB table "memories" under `path`) with exact cosine search.
 
@@ -94,6 +109,10 @@ class ColdStore:
           from it); reads that LanceDB serves (where filters, LanceDB search paths, stats) flush the log first. On
           open the log is replayed; close() flushes it. False commits every add and delete to LanceDB before
           returning.
+      table_uri: where LanceDB keeps the table, when not in `path`: an object store URI (s3://bucket/prefix,
+          gs://..., az://...) or another folder; storage_options: what LanceDB takes for it (aws_endpoint,
+          aws_region, keys, allow_http, ...). The log, the mirror, the FAISS index and the locks stay in `path`, so
+          one host's processes share the store as with a local table; only one host may write the table.
     """
 
     def __init__(self, path: str | os.PathLike, *, dim: int, read_consistency_interval_s: float = 0.0,
@@ -102,8 +121,10 @@ class ColdStore:
                  scalar_index_min_rows: int = 50_000, ann_index_min_rows: int = 250_000,
                  background: bool = True, index: str = "auto", faiss_min_rows: int = 20_000,
                  target_recall: float = TARGET_RECALL, wal: bool = True, wal_flush_rows: int = 512,
-                 wal_flush_s: float = 0.5, read_only: bool = False):
+                 wal_flush_s: float = 0.5, read_only: bool = False, table_uri: str | None = None,
+                 storage_options: dict[str, str] | None = None):
         self._dim = check.check_dim(dim)
+        table_uri, storage_options = _check_location(table_uri, storage_options)
         if not isinstance(read_only, bool):
             raise InvalidInput(f"read_only must be True or False, got {read_only!r}")
         _check_options(index=index, faiss_min_rows=faiss_min_rows, target_recall=target_recall, path=path,
@@ -136,7 +157,8 @@ class ColdStore:
         self._generations: WriteGenerations | None = guard(
             path, "open the write generations", lambda: open_generations(path, read_only=read_only))
         self._tables = LanceTables(path, self._dim, read_only=read_only,
-                                   read_consistency_interval_s=read_consistency_interval_s)
+                                   read_consistency_interval_s=read_consistency_interval_s,
+                                   uri=table_uri, storage_options=storage_options)
         self._follower = Follower(path, self._dim, self._tables, self._wal, mirror_max_bytes=int(mirror_max_bytes),
                                   read_only=read_only)
         self._index = FaissIndex(self._follower, lock=self._lock, life=self._life, path=path, dim=self._dim,

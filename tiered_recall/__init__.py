@@ -8,11 +8,13 @@ if sys.version_info < (3, 10):  # pip checks requires-python too; this covers a 
                       "install it into a Python 3.10+ environment")
 
 from .errors import (  # noqa: E402
+    ClusterUnavailable,
     HotTierFull,
     IncompatibleLayout,
     InvalidInput,
     ReadOnlyStore,
     SidecarError,
+    ShardUnavailable,
     SidecarUnavailable,
     StorageError,
     TieredRecallError,
@@ -24,7 +26,7 @@ __all__ = [
     "TieredMemory", "AsyncTieredMemory", "Hit", "Memory", "SearchReport", "Preset", "PRESETS", "Stages", "ingest",
     "IngestSummary",
     "TieredRecallError", "InvalidInput", "SidecarUnavailable", "IncompatibleLayout", "HotTierFull",
-    "SidecarError", "StorageError", "ReadOnlyStore", "__version__",
+    "SidecarError", "StorageError", "ReadOnlyStore", "ShardUnavailable", "ClusterUnavailable", "__version__",
 ]
 
 

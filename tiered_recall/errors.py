@@ -32,3 +32,20 @@ class ReadOnlyStore(TieredRecallError):
 
 class StorageError(TieredRecallError):
     """The cold tier (LanceDB / FAISS on disk) failed: disk full, corrupt table, permissions."""
+
+
+class ShardUnavailable(TieredRecallError):
+    """A cluster's shard cannot answer now (restarting after a failure, or its namespaces moving): nothing partial was
+    returned and nothing of a failed write is known to be kept; call again after `retry_after_s` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.retry_after_s))
+
+
+class ClusterUnavailable(TieredRecallError):
+    """No cluster could be reached: Ray is not installed or not running at the address, or no tiered-recall cluster
+    of that name runs on it; the message names the fix."""

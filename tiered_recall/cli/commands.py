@@ -14,6 +14,7 @@ import typer.core
 
 from .. import __version__
 from ..errors import TieredRecallError
+from .cluster_commands import cluster_app
 from .interrupts import INTERRUPTED_EXIT_CODE, StopOnCtrlC
 from .output import console, export_line, fail, hits_table, note, print_json, record, say
 
@@ -25,6 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help as plain text, so option names and values read as typed
 )
+app.add_typer(cluster_app)  # `tiered-recall cluster ...` (cluster_commands.py)
 
 
 

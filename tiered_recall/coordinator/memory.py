@@ -79,7 +79,10 @@ class TieredMemory:
     rules: the skip rules tried in order ("complete", "bound"; both exact); confidence: a float enables rule 3
     ("threshold"; approximate) on the hot k-th score. scoring: a tiered_recall.scoring.Scoring (recency weighting,
     metadata boosts) for the merged candidates. ttl_sweep_s: how often expired memories (add(..., ttl=...)) are
-    deleted in the background; a search never returns one whatever the sweep has done.
+    deleted in the background; a search never returns one whatever the sweep has done. cold_options: where the cold
+    tier's LanceDB table lives when not in the folder (table_uri="s3://bucket/prefix", storage_options={...}: what
+    LanceDB takes for that store) and how often its log is flushed there (wal_flush_s, wal_flush_rows); the log,
+    mirror and hot tier stay in the folder (a cluster's shard: docs/cluster.md).
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, preset: str | Preset | None = None,
@@ -90,7 +93,7 @@ class TieredMemory:
                  rules: Sequence[str] = ("complete", "bound"), confidence: float | None = None,
                  scoring: Scoring | None = None, read_only: bool | None = None,
                  ttl_sweep_s: float = DEFAULT_SWEEP_S, codes: str | None = None,
-                 option_names: dict[str, str] | None = None) -> None:
+                 option_names: dict[str, str] | None = None, cold_options: dict[str, Any] | None = None) -> None:
         from ..storage import ColdStore  # lancedb is imported here, not at package import
 
         self._option_names = {**API_OPTION_NAMES, **(option_names or {})}
@@ -134,7 +137,8 @@ class TieredMemory:
             row = self.dim * elem + _ROW_OVERHEAD_BYTES + (0 if codes == "off" else code_bytes_a_row(self.dim, backend))
             requested = max(1, hot_bytes // row)
         self.hot_capacity = requested or DEFAULT_HOT_CAPACITY
-        self.cold = ColdStore(self.path / COLD_FOLDER, dim=self.dim, read_only=self.read_only)
+        self.cold = ColdStore(self.path / COLD_FOLDER, dim=self.dim, read_only=self.read_only,
+                              **check.cold_options(cold_options))
         self._lock = threading.RLock()
         self._write_lock = StoreWriteLock(self.path)
         self._moves = Counter({k: 0 for k in ("inserted", "promoted", "evicted", "sidecar_evicted", "resyncs",
@@ -197,7 +201,7 @@ class TieredMemory:
     def add(self, texts: str | Sequence[str] | None = None, *, vectors: Any = None, namespace: str = "default",
             ids: Sequence[int] | None = None, session: str | Sequence[str | None] | None = None,
             role: str | Sequence[str | None] | None = None, metadata: dict | Sequence[dict | None] | None = None,
-            created_at: Any = None, ttl: float | None = None) -> list[int]:
+            created_at: Any = None, ttl: float | None = None, expires_at: Any = None) -> list[int]:
         """Stores memories; durable in the cold tier when it returns, and found by every search from then on. The
         hot tier gets them before it returns, or, while another process holds the store's write lock, from that
         process, the next search that needs them, or this process when it closes the store.
@@ -207,7 +211,9 @@ class TieredMemory:
         namespace that search(namespace_prefix=...) and list_namespaces see by its labels. ids: your own int ids
         (an existing id is replaced: an upsert), else new ones. session / role / metadata / created_at: one for
         all or one per memory. ttl: seconds until the memories expire (never returned after, deleted by the
-        sweep), None for never. Returns the ids. Nothing is written when any input is invalid.
+        sweep), None for never. expires_at (with ttl; one for all or one per memory): when they expire instead of
+        now + ttl, e.g. memories copied from another store keeping their own. Returns the ids. Nothing is written
+        when any input is invalid.
         """
         self._check_open()
         started = time.perf_counter()
@@ -231,9 +237,12 @@ class TieredMemory:
                 raise InvalidInput(f"metadata keys {EXPIRES_KEY!r} and {TTL_KEY!r} hold a memory's expiry: use "
                                    "add(..., ttl=seconds) and another key for your own data")
         created = check.timestamps_us(created_at, n)
+        if expires_at is not None and ttl is None:
+            raise InvalidInput("expires_at goes with ttl (the time to live a refresh starts again): pass both")
         if ttl is not None:
-            expires_us = time.time_ns() // 1000 + int(ttl * 1e6)
-            metas = [{**(meta or {}), EXPIRES_KEY: expires_us, TTL_KEY: ttl} for meta in metas]
+            expires = [time.time_ns() // 1000 + int(ttl * 1e6)] * n if expires_at is None else \
+                check.timestamps_us(expires_at, n, "expires_at").tolist()
+            metas = [{**(meta or {}), EXPIRES_KEY: int(e), TTL_KEY: ttl} for meta, e in zip(metas, expires)]
         self._check_writable()
         # Every value was checked above, once: the cold tier takes the rows as they are (ColdStore.add_rows).
         rows = Rows(id_arr, vecs, created, [namespace] * n, sessions, roles, text_list,

@@ -47,7 +47,8 @@ class Memory:
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result; `tier` says which tier served it ("hot" or "cold")."""
+    """One search result; `tier` says which tier served it ("hot" or "cold"), `shard` which shard of a cluster did
+    (None outside a cluster)."""
 
     id: int
     text: str
@@ -60,6 +61,7 @@ class Hit:
     metadata: dict = field(default_factory=dict)
     expires_at: datetime | None = None
     ttl_s: float | None = None
+    shard: str | None = None
 
 
 @dataclass(frozen=True)

@@ -258,14 +258,15 @@ def metadata(value: Any, n: int) -> list[dict | None]:
     return metas
 
 
-def timestamps_us(created_at: Any, n: int) -> np.ndarray:
-    """created_at (None, a datetime or epoch seconds, one for all or one per memory) -> (n,) int64 microseconds."""
+def timestamps_us(created_at: Any, n: int, what: str = "created_at") -> np.ndarray:
+    """created_at (None, a datetime or epoch seconds, one for all or one per memory) -> (n,) int64 microseconds;
+    `what` names the argument in messages."""
     now = time.time_ns() // 1000
     if created_at is None:
         return np.full(n, now, dtype=np.int64)
     values = created_at if isinstance(created_at, (list, tuple, np.ndarray)) else [created_at] * n
     if len(values) != n:
-        raise InvalidInput(f"created_at has {len(values)} values for {n} memories: give one per memory or one for all")
+        raise InvalidInput(f"{what} has {len(values)} values for {n} memories: give one per memory or one for all")
     out = np.empty(n, dtype=np.int64)
     for i, value in enumerate(values):
         if value is None:
@@ -276,8 +277,24 @@ def timestamps_us(created_at: Any, n: int) -> np.ndarray:
             out[i] = round(value.timestamp() * 1e6)  # a datetime holds whole microseconds: keep them exact
         elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
             if not np.isfinite(value):
-                raise InvalidInput(f"created_at[{i}] is not finite: pass a datetime or epoch seconds")
+                raise InvalidInput(f"{what}[{i}] is not finite: pass a datetime or epoch seconds")
             out[i] = int(float(value) * 1e6)
         else:
-            raise InvalidInput(f"created_at[{i}] is {type(value).__name__}: pass a datetime or epoch seconds")
+            raise InvalidInput(f"{what}[{i}] is {type(value).__name__}: pass a datetime or epoch seconds")
     return out
+
+
+COLD_OPTIONS = ("table_uri", "storage_options", "wal_flush_s", "wal_flush_rows")
+
+
+def cold_options(value: Any) -> dict[str, Any]:
+    """The cold-tier options TieredMemory passes on (the ColdStore checks their values); {} for None."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"cold_options must be a dict (keys {', '.join(COLD_OPTIONS)}) or None, got "
+                           f"{type(value).__name__}")
+    unknown = sorted(str(key) for key in value if key not in COLD_OPTIONS)
+    if unknown:
+        raise InvalidInput(f"cold_options has {', '.join(unknown)}: it takes {', '.join(COLD_OPTIONS)}")
+    return dict(value)

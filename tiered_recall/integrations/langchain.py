@@ -64,6 +64,12 @@ class TieredRecallEmbeddings(Embeddings):
         return self.embedder.embed_queries([text])[0].tolist()
 
 
+def _is_store(memory: Any) -> bool:
+    """A TieredMemory, or an object with the methods this class calls (a ClusterMemory)."""
+    return isinstance(memory, TieredMemory) or all(
+        callable(getattr(memory, name, None)) for name in ("add", "search", "get", "delete", "memories", "vectors"))
+
+
 class TieredRecallVectorStore(VectorStore):
     """A LangChain VectorStore whose documents live in one namespace of a tiered-recall store (hot tier in a
     sidecar, LanceDB on disk); every search is exact cosine similarity, metadata filters included.
@@ -88,8 +94,9 @@ class TieredRecallVectorStore(VectorStore):
         if (memory is None) == (path is None):
             raise InvalidInput("pass either memory=TieredMemory(...) or path='folder' (the store to open), not "
                                f"{'both' if memory is not None else 'neither'}")
-        if memory is not None and not isinstance(memory, TieredMemory):
-            raise InvalidInput(f"memory must be a tiered_recall.TieredMemory, got {type(memory).__name__}")
+        if memory is not None and not _is_store(memory):
+            raise InvalidInput(f"memory must be a tiered_recall.TieredMemory (or a store with its methods, such as a "
+                               f"tiered_recall.cluster.ClusterMemory), got {type(memory).__name__}")
         if memory is not None and (device is not None or hot_capacity is not None):
             raise InvalidInput("device and hot_capacity are for a store opened from path: the TieredMemory passed "
                                "as memory was opened with its own")

@@ -57,13 +57,16 @@ def _to_datetime(us: int) -> datetime:
 class TieredRecallStore(BaseStore):
     """A LangGraph BaseStore whose items live in a tiered-recall store folder.
 
-    TieredRecallStore(path=None, *, index=None, ttl=None, device="auto", hot_capacity=None)
+    TieredRecallStore(path=None, *, index=None, ttl=None, device="auto", hot_capacity=None, items=None, vectors=None)
 
     path: the folder (made if missing); None: the user's own store's folder beside it ("langgraph").
     index: LangGraph's IndexConfig ({"dims": 384, "embed": embeddings or a function, "fields": ["$"] or JSON
     paths such as "messages[*].content"}) for semantic search; without it search filters and lists only.
     ttl: LangGraph's TTLConfig (default_ttl and the ttl of put in minutes, refresh_on_read, sweep_interval_minutes).
     device / hot_capacity: the hot tier of the indexed texts, as TieredMemory takes them.
+    items / vectors: open stores to keep the items (of dim 1) and the indexed texts (of the index's dims) in instead
+    of path's two folders: TieredMemory, or anything with its methods such as a ClusterMemory (docs/cluster.md);
+    their owner closes them.
 
     Each item is one memory of the items store (namespace, key, value, times) and each indexed text of it one
     memory of the vectors store, in the item's namespace; a search embeds the query once, searches the vectors
@@ -75,7 +78,8 @@ class TieredRecallStore(BaseStore):
     supports_ttl = True
 
     def __init__(self, path: str | Path | None = None, *, index: IndexConfig | None = None,
-                 ttl: TTLConfig | None = None, device: str = "auto", hot_capacity: int | None = None) -> None:
+                 ttl: TTLConfig | None = None, device: str = "auto", hot_capacity: int | None = None,
+                 items: Any = None, vectors: Any = None) -> None:
         if path is None:
             from ..coordinator.store_folder import default_store_path
 
@@ -92,6 +96,15 @@ class TieredRecallStore(BaseStore):
                                    'function of texts), e.g. index={"dims": 384, "embed": embeddings}')
             self.embeddings = ensure_embeddings(self.index_config["embed"])
             self._fields = [(p, tokenize_path(p) if p != "$" else p) for p in (self.index_config.get("fields") or ["$"])]
+        if items is not None:  # stores opened by the caller (a cluster's, say): checked, and left to it to close
+            if getattr(items, "dim", None) != _NO_INDEX_DIM:
+                raise InvalidInput(f"items must be a store of dim {_NO_INDEX_DIM} (it keeps no meaningful vector)")
+            if (vectors is not None) != bool(self.index_config) or (
+                    vectors is not None and getattr(vectors, "dim", None) != int(self.index_config["dims"])):
+                raise InvalidInput('vectors goes with index: a store of the index\'s "dims"')
+            self._items, self._vectors, self._owns_stores = items, vectors, False
+            return
+        self._owns_stores = True
         self._items = TieredMemory(self.path / ITEMS_FOLDER, dim=_NO_INDEX_DIM, embedder=None, device="none",
                                    ttl_sweep_s=sweep_s)
         self._vectors = None
@@ -131,7 +144,9 @@ class TieredRecallStore(BaseStore):
         return await asyncio.to_thread(self.batch, list(ops))
 
     def close(self) -> None:
-        """Closes both stores (their sidecar exits once no process uses it)."""
+        """Closes both stores (their sidecar exits once no process uses it); stores passed in are left open."""
+        if not self._owns_stores:
+            return
         self._items.close()
         if self._vectors is not None:
             self._vectors.close()
