@@ -1,6 +1,6 @@
-"""The long cluster tests (run with -m slow): a node killed under load, object storage away under load, node-local
-durability and its window, moves under concurrent writes, a shard removed, the directory restarted, and the command
-line end to end."""
+"""The long cluster tests (run with -m slow): object storage away under load, node-local durability and its window,
+moves under concurrent writes, a shard removed, the directory restarted, and the command line end to end (a node
+killed under load runs by default: test_cluster_node_loss.py)."""
 from __future__ import annotations
 
 import random
@@ -15,115 +15,10 @@ from tiered_recall.cluster.hashing import owner
 from tiered_recall.errors import ShardUnavailable, StorageError
 from tiered_recall.namespaces import namespace_name
 
+from cluster_load import DIM, Load, fill, shard_on_a_worker
 from exact import Model, same_answer, unit
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-DIM = 8
-
-
-def fill(memory, model: Model, namespaces, rng, rows: int = 3) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    def add(ns):
-        vectors = rng.standard_normal((rows, DIM)).astype(np.float32)
-        model.put(ns, memory.add([f"{ns} #{j}" for j in range(rows)], vectors=vectors, namespace=ns), vectors)
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(add, namespaces))
-
-
-def shard_on_a_worker(name: str, ray_nodes) -> tuple[str, object]:
-    """A shard that runs on a worker node (not the head, whose loss ends the Ray cluster), and that node."""
-    head = ray_nodes.cluster.head_node.node_id
-    for shard in status(name)["shards"]:
-        if shard["node"] != head and ray_nodes.node_of_id(shard["node"]) is not None:
-            return shard["shard"], ray_nodes.node_of_id(shard["node"])
-    raise AssertionError("no shard runs on a worker node")
-
-
-class Load:
-    """Writers that record every acknowledged write (ids drawn by the client, so a retried add is one row), and
-    searchers that check exact answers over namespaces nobody writes to; both run until stop()."""
-
-    def __init__(self, memory, model: Model, written, still, writers: int = 3, searchers: int = 1) -> None:
-        self.memory, self.model, self.still = memory, model, still
-        self.acknowledged: dict[int, str] = {}
-        self.failures: list = []
-        self.wrong: list = []
-        self.checked = 0
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._write, args=(list(written), seed)) for seed in range(writers)]
-        self._threads += [threading.Thread(target=self._search, args=(seed,)) for seed in range(searchers)]
-        for thread in self._threads:
-            thread.start()
-
-    def _write(self, namespaces, seed: int) -> None:
-        rng = np.random.default_rng(100 + seed)
-        while not self._stop.is_set():
-            ns = namespaces[int(rng.integers(len(namespaces)))]
-            try:
-                ids = self.memory.add(["under load"], vectors=rng.standard_normal((1, DIM)), namespace=ns)
-                self.acknowledged[ids[0]] = ns
-            except (ShardUnavailable, StorageError) as exc:
-                self.failures.append(type(exc).__name__)
-
-    def _search(self, seed: int) -> None:
-        rng = np.random.default_rng(200 + seed)
-        while not self._stop.is_set():
-            q, ns = unit(rng, DIM), self.still[int(rng.integers(len(self.still)))]
-            try:
-                if not same_answer(self.memory.search(q, k=3, namespace=ns), self.model.exact(q, 3, namespace=ns)):
-                    self.wrong.append(ns)
-                self.checked += 1
-            except (ShardUnavailable, StorageError) as exc:
-                self.failures.append(type(exc).__name__)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join()
-
-
-def test_a_node_killed_under_load_loses_no_acknowledged_write_and_its_shard_serves_again(make_cluster, ray_nodes):
-    config, memory = make_cluster(shards=3)
-    rng = np.random.default_rng(1)
-    model = Model()
-    still = [f"still-{i}" for i in range(12)]
-    fill(memory, model, still, rng)
-    victim, node = shard_on_a_worker(config.name, ray_nodes)
-    epoch = next(s["epoch"] for s in status(config.name)["shards"] if s["shard"] == victim)
-    load = Load(memory, model, [f"busy-{i}" for i in range(12)], still)
-    try:
-        time.sleep(3)
-        before = len(load.acknowledged)
-        killed_at = time.monotonic()
-        ray_nodes.kill(node)
-        theirs = next(ns for ns in still if owner(ns, memory._session.view.ring) == victim)
-        while True:  # its namespaces answer again once Ray restarted the shard elsewhere, from object storage
-            now = next(s for s in status(config.name)["shards"] if s["shard"] == victim)
-            if now["ready"] and now["epoch"] > epoch:
-                memory.count(theirs)
-                break
-            assert time.monotonic() - killed_at < 120, now
-            time.sleep(0.2)
-        back_after = time.monotonic() - killed_at
-        time.sleep(3)
-    finally:
-        load.stop()
-        ray_nodes.add()  # the module's Ray keeps its three nodes
-    print(f"{victim} served again {back_after:.1f} s after its node was killed; acknowledged writes: {before} "
-          f"before, {len(load.acknowledged)} in all; failed calls: {len(load.failures)}; checked searches: "
-          f"{load.checked}")
-    assert back_after < 60
-    assert load.wrong == [] and load.checked > 0  # a search waited or failed clearly, never a wrong answer
-    assert len(load.acknowledged) > before
-    acknowledged = sorted(load.acknowledged)
-    found = memory.get(acknowledged)
-    assert [i for i, m in zip(acknowledged, found) if m is None] == []  # every acknowledged write is there
-    assert all(m.namespace == load.acknowledged[m.id] for m in found)
-    q = unit(rng, DIM)
-    for ns in still:
-        assert same_answer(memory.search(q, k=3, namespace=ns), model.exact(q, 3, namespace=ns))
 
 
 def test_object_storage_away_fails_writes_loudly_loses_nothing_acknowledged_and_recovers(make_cluster, s3):
