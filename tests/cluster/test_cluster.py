@@ -238,3 +238,38 @@ def test_the_framework_integrations_work_over_a_cluster(make_cluster):
             assert await memory.count("aio") == 1
 
     asyncio.run(awaited())
+
+
+def test_the_cluster_serves_the_http_app_as_its_ingress(make_cluster, ray_nodes):
+    """`tiered-recall cluster http` serves the HTTP API and memory browser of a single store (tiered_recall.http,
+    one app, not two) over a ClusterMemory from a node's own server, behind its bearer token."""
+    import ray
+    import requests
+
+    from tiered_recall.cluster.ingress import start_ingress
+    from tiered_recall.http.settings import HttpSettings, TokenScope
+    from tiered_recall.testing.cluster_parts import free_port
+
+    config, memory = make_cluster(shards=2)
+    ids = memory.add(["one", "two"], vectors=np.eye(2, DIM, dtype=np.float32), namespace="web")
+    port, token = free_port(), "a-token-for-the-ingress-test"
+    settings = HttpSettings(host="127.0.0.1", port=port, tokens={token: TokenScope.of(None)})
+    handles = start_ingress(config.name, "tiered_recall.http:create_app", port=port, host="127.0.0.1",
+                            nodes=[ray_nodes.cluster.head_node.node_id],
+                            options={"settings": settings, "metrics": None})
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        assert requests.post(f"{url}/search", json={"vector": [1.0] + [0.0] * (DIM - 1), "k": 1}, timeout=30
+                             ).status_code == 401
+        found = requests.post(f"{url}/search", json={"vector": [1.0] + [0.0] * (DIM - 1), "k": 1, "namespace": "web",
+                                                     "explain": True},
+                              headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+        assert [hit["id"] for hit in found["hits"]] == [ids[0]] and found["hits"][0]["text"] == "one"
+        count = requests.get(f"{url}/count", params={"namespace": "web"},
+                             headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+        assert count["count"] == 2
+        assert requests.get(f"http://127.0.0.1:{port}/", timeout=30).status_code == 200  # the memory browser
+    finally:
+        for handle in handles:
+            ray.get(handle.close.remote(), timeout=60)
+            ray.kill(handle, no_restart=True)

@@ -214,24 +214,3 @@ def test_the_command_line_starts_grows_shrinks_and_stops_a_cluster(ray_nodes, s3
     finally:
         stopped = runner.invoke(app, ["cluster", "down", *common])
     assert stopped.exit_code == 0, stopped.output
-
-
-def test_an_ingress_on_a_node_serves_an_http_app_over_the_cluster(make_cluster, ray_nodes):
-    import ray
-    import requests
-
-    from tiered_recall.cluster.ingress import start_ingress
-    from tiered_recall.testing.cluster_parts import free_port
-
-    config, memory = make_cluster(shards=2)
-    memory.add(["one", "two"], vectors=np.eye(2, DIM, dtype=np.float32), namespace="web")
-    port = free_port()
-    handles = start_ingress(config.name, "tiered_recall.testing.cluster_parts:count_app", port=port,
-                            host="127.0.0.1", nodes=[ray_nodes.cluster.head_node.node_id])
-    try:
-        answer = requests.get(f"http://127.0.0.1:{port}/count", params={"namespace": "web"}, timeout=30).json()
-        assert answer == {"namespace": "web", "count": 2}
-    finally:
-        for handle in handles:
-            ray.get(handle.close.remote(), timeout=60)
-            ray.kill(handle, no_restart=True)

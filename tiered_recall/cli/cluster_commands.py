@@ -1,7 +1,8 @@
-"""The `tiered-recall cluster` commands: up, status, down, add-shard, remove-shard (docs/cluster.md)."""
+"""The `tiered-recall cluster` commands: up, status, down, add-shard, remove-shard, http (docs/cluster.md)."""
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -218,3 +219,43 @@ def remove_shard_command(shard: str = typer.Argument(..., metavar="SHARD", help=
     except TieredRecallError as error:
         fail(error)
     say(f"removed {shard}" if wait else f"removing {shard} (see `cluster status`)")
+
+
+@cluster_app.command("http")
+def http_command(
+    address: Optional[str] = ADDRESS, name: str = NAME,
+    port: int = typer.Option(8765, "--port", metavar="PORT", help="Port each node's server listens on."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", help="Address each node's server listens on: the "
+                             "node itself by default; any other (0.0.0.0) needs --token or --token-file."),
+    token: Optional[str] = typer.Option(None, "--token", metavar="TOKEN", envvar="TIERED_RECALL_TOKEN",
+                                        help="The bearer token every call must carry (or set TIERED_RECALL_TOKEN)."),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", metavar="FILE", help="Tokens, one a line: TOKEN, "
+                                              "or TOKEN PREFIX for a token that reaches only the namespaces under "
+                                              "PREFIX; mode 600."),
+    scope: Optional[str] = typer.Option(None, "--scope", metavar="PREFIX",
+                                        help="Limit --token to the namespaces under PREFIX."),
+) -> None:
+    """Serve the cluster over HTTP: the same API and memory browser as `tiered-recall http` (docs/http.md), from a
+    server on every node of the Ray cluster, each reading the shards of its own node with no Ray hop."""
+    try:
+        from ..http.settings import HttpSettings
+        from ..http.tokens import given_tokens
+    except ImportError as error:
+        if (error.name or "").split(".")[0] == "tiered_recall":
+            raise
+        fail(f"the HTTP server needs FastAPI and uvicorn ({error}): pip install \"tiered-recall[http]\"")
+    from ..cluster.ingress import start_ingress
+    from ..cluster.launch import local_ray_address
+
+    try:
+        tokens = given_tokens(host=host, token=token, token_file=token_file, scope=scope)
+        if tokens is None:  # beyond loopback with no token: a cluster has no one folder to keep a made one in
+            raise InvalidInput(f"--host {host} lets other machines in: give --token or --token-file")
+        settings = HttpSettings(host=host, port=port, tokens=tokens)
+        _connect(address or local_ray_address())
+        servers = start_ingress(name, "tiered_recall.http:create_app", host=host, port=port,
+                                options={"settings": settings, "metrics": None})
+    except TieredRecallError as error:
+        fail(error)
+    say(f"cluster {name}: an HTTP server on each of {len(servers)} node(s), at http://{host}:{port}/ of each; they "
+        "keep serving after this command returns (Ray restarts them; `cluster down` stops the cluster)")

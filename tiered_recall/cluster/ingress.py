@@ -24,15 +24,15 @@ def load_factory(path: str):
 
 
 class Ingress:
-    """A Ray actor: `factory(ClusterMemory(...))` served by uvicorn on `port` of its node."""
+    """A Ray actor: `factory(ClusterMemory(...), **options)` served by uvicorn on `port` of its node."""
 
-    def __init__(self, cluster: str, factory: str, host: str, port: int) -> None:
+    def __init__(self, cluster: str, factory: str, host: str, port: int, options: dict | None = None) -> None:
         import uvicorn
 
         from .client import ClusterMemory
 
         self.memory = ClusterMemory(name=cluster)
-        app = load_factory(factory)(self.memory)
+        app = load_factory(factory)(self.memory, **(options or {}))
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="tiered-recall-ingress", daemon=True)
         self.thread.start()
@@ -49,9 +49,10 @@ class Ingress:
 
 
 def start_ingress(cluster: str, factory: str, *, port: int = 8000, host: str = "0.0.0.0",
-                  nodes: list[str] | None = None, timeout_s: float = 120.0) -> list[Any]:
+                  nodes: list[str] | None = None, timeout_s: float = 120.0, options: dict | None = None) -> list[Any]:
     """One Ingress actor per node (`nodes`: Ray node ids; default every alive node), named
-    `<cluster>:ingress-<node>`, restarted by Ray; returns their handles once each serves."""
+    `<cluster>:ingress-<node>`, restarted by Ray; returns their handles once each serves. options: keywords the
+    factory takes beside the ClusterMemory (the HTTP app's settings: its host, port and bearer tokens)."""
     import time
 
     import ray
@@ -66,7 +67,7 @@ def start_ingress(cluster: str, factory: str, *, port: int = 8000, host: str = "
             name=actor_name(cluster, f"ingress-{node[:12]}"), namespace=RAY_NAMESPACE, lifetime="detached",
             max_restarts=-1, num_cpus=0, get_if_exists=True,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-        ).remote(cluster, factory, host, port))
+        ).remote(cluster, factory, host, port, options))
     deadline = time.monotonic() + timeout_s
     pending = list(handles)
     while pending and time.monotonic() < deadline:

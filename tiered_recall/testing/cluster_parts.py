@@ -175,16 +175,3 @@ class RayNodes:
 
         ray.shutdown()
         self.cluster.shutdown()
-
-
-def count_app(memory):
-    """A stand-in for the package's HTTP app in the ingress test: GET /count?namespace=N answers memory.count(N)."""
-    from fastapi import FastAPI
-
-    app = FastAPI()
-
-    @app.get("/count")
-    def count(namespace: str) -> dict:
-        return {"namespace": namespace, "count": memory.count(namespace)}
-
-    return app
