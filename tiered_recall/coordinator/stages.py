@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -76,9 +75,8 @@ class Stages:
         return bool(self.neighbour_weight or self.temporal_weight or self.session_spread)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One pooled memory as the stages see it."""
+class Candidate(NamedTuple):
+    """One pooled memory as the stages see it (a named tuple: a search builds one per pooled memory)."""
 
     id: int
     score: float  # the pool's ranking score: cosine, or the fused reciprocal-rank score
@@ -87,14 +85,31 @@ class Candidate:
     metadata: dict[str, Any]
 
 
+def fused_pool(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float,
+               depth: int) -> list[tuple[int, float]]:
+    """The best `depth` of the reciprocal-rank fusion of two rankings (best first), as (id, fused score) pairs, best
+    first, ties by smaller id: what sorting fuse's items by (-score, id) gives, without a Python loop over them."""
+    ids, totals = _fused(vector_ids, bm25_ids, bm25_weight)
+    order = np.lexsort((ids, -totals))[:depth]
+    return list(zip(ids[order].tolist(), totals[order].tolist()))
+
+
 def fuse(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float) -> dict[int, float]:
-    """Reciprocal-rank fusion of two rankings (best first): id -> sum of weight / (RRF_C + rank)."""
-    fused: dict[int, float] = defaultdict(float)
-    for rank, memory_id in enumerate(vector_ids, start=1):
-        fused[int(memory_id)] += 1.0 / (RRF_C + rank)
-    for rank, memory_id in enumerate(bm25_ids, start=1):
-        fused[int(memory_id)] += bm25_weight / (RRF_C + rank)
-    return dict(fused)
+    """Reciprocal-rank fusion of two rankings (best first): id -> sum of weight / (RRF_C + rank), best first."""
+    ids, totals = _fused(vector_ids, bm25_ids, bm25_weight)
+    order = np.lexsort((ids, -totals))
+    return dict(zip(ids[order].tolist(), totals[order].tolist()))
+
+
+def _fused(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct ids, their fused scores): each id's terms added in the order a loop over the vector ranking, then
+    the BM25 ranking, adds them, so the sums are the same floats."""
+    vector = np.asarray(vector_ids, dtype=np.int64).reshape(-1)
+    keyword = np.asarray(bm25_ids, dtype=np.int64).reshape(-1)
+    terms = np.concatenate([1.0 / (RRF_C + np.arange(1, vector.shape[0] + 1)),
+                            bm25_weight / (RRF_C + np.arange(1, keyword.shape[0] + 1))])
+    ids, at = np.unique(np.concatenate([vector, keyword]), return_inverse=True)
+    return ids, np.bincount(at, weights=terms, minlength=ids.shape[0])
 
 
 def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -> list[tuple[Candidate, float]]:
@@ -102,19 +117,20 @@ def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -
     the stages add); ties keep the pool's order."""
     if not pool:
         return []
-    raw = np.array([candidate.score for candidate in pool], dtype=np.float64)
+    raw = np.fromiter((candidate.score for candidate in pool), dtype=np.float64, count=len(pool))
     # The stages work on the pool's scores scaled to [0, 1], so that one weight means the same for cosine
     # similarities (which crowd together) and for fused reciprocal-rank scores.
-    span = raw.max() - raw.min()
-    scores = (raw - raw.min()) / span if span > 0 else np.ones_like(raw)
+    low = raw.min()
+    span = raw.max() - low
+    scores = (raw - low) / span if span > 0 else np.ones_like(raw)
     adjusted = scores.copy()
     if stages.neighbour_weight:
         adjusted += stages.neighbour_weight * _best_neighbour_scores(pool, scores)
     if stages.temporal_weight and _TEMPORAL_QUESTION.search(query_text):
-        timed = np.array([names_a_time(candidate.text) for candidate in pool])
+        timed = np.fromiter((names_a_time(candidate.text) for candidate in pool), dtype=bool, count=len(pool))
         adjusted += stages.temporal_weight * timed
     if not stages.session_spread:
-        order = np.lexsort((np.arange(len(pool)), -adjusted))[:k]
+        order = np.argsort(-adjusted, kind="stable")[:k].tolist()
         return [(pool[i], float(adjusted[i])) for i in order]
     return _spread_over_sessions(pool, adjusted, k, stages.session_spread)
 
@@ -126,30 +142,56 @@ def names_a_time(text: str) -> bool:
 
 
 def _best_neighbour_scores(pool: Sequence[Candidate], scores: np.ndarray) -> np.ndarray:
-    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled)."""
-    at: dict[tuple[Any, int], int] = {}
-    for index, candidate in enumerate(pool):
-        turn = candidate.metadata.get(TURN_INDEX_KEY)
-        if isinstance(turn, int):
-            at[(candidate.metadata.get(CONVERSATION_KEY), turn)] = index
+    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled).
+    Two candidates at the same turn of one conversation: the later in the pool holds the place, the earlier has no
+    neighbours and is nobody's. (conversation, turn, place in the pool) share one int64 sort key, so a turn_index
+    past +-2^42 (for a pool of at most 1023; less for larger pools), which ingest never writes, counts as none."""
+    place_bits = len(pool).bit_length()  # conversations are numbered within the pool too
+    turn_bits = 63 - 2 * place_bits
+    turn_limit = (1 << (turn_bits - 1)) - 1
+    conversations: dict[Any, int] = {}
+    keys = []
+    for place, candidate in enumerate(pool):
+        metadata = candidate.metadata
+        turn = metadata.get(TURN_INDEX_KEY)
+        if isinstance(turn, int) and -turn_limit <= turn <= turn_limit:
+            code = conversations.setdefault(metadata.get(CONVERSATION_KEY), len(conversations))
+            keys.append((((code << turn_bits) + turn + turn_limit) << place_bits) + place)
     best = np.zeros(len(pool))
-    for (conversation, turn), index in at.items():
-        neighbours = [at[key] for key in ((conversation, turn - 1), (conversation, turn + 1)) if key in at]
-        if neighbours:
-            best[index] = max(scores[i] for i in neighbours)
+    if len(keys) < 2:
+        return best
+    # Sorted by conversation, turn, then place: the last of each (conversation, turn) holds it.
+    key = np.sort(np.array(keys, dtype=np.int64))
+    turn_key = key >> place_bits  # conversation and turn; the next turn of a conversation is this + 1
+    holder = np.empty(key.shape[0], dtype=bool)
+    holder[-1] = True
+    np.not_equal(turn_key[1:], turn_key[:-1], out=holder[:-1])
+    place = key[holder] & ((1 << place_bits) - 1)
+    turn_key = turn_key[holder]
+    # Held turns are distinct and sorted: a turn's neighbours, when pooled, sit right beside it.
+    next_to = turn_key[1:] == turn_key[:-1] + 1
+    held = scores[place]
+    neighbour = np.zeros(place.shape[0])
+    neighbour[:-1] = np.where(next_to, held[1:], 0.0)
+    neighbour[1:] = np.maximum(neighbour[1:], np.where(next_to, held[:-1], 0.0))
+    best[place] = neighbour
     return best
 
 
 def _spread_over_sessions(pool: Sequence[Candidate], adjusted: np.ndarray, k: int,
                           penalty: float) -> list[tuple[Candidate, float]]:
-    """Greedy: take the best candidate after charging `penalty` for each one already taken from its session."""
-    taken_per_session: dict[Any, int] = defaultdict(int)
-    remaining = list(range(len(pool)))
+    """Greedy: take the best candidate after charging `penalty` for each one already taken from its session (ties:
+    the earlier in the pool)."""
+    sessions: dict[Any, int] = {}
+    session = np.fromiter((sessions.setdefault(candidate.session, len(sessions)) for candidate in pool),
+                          dtype=np.int64, count=len(pool))
+    taken_per_session = np.zeros(len(sessions))
+    open_places = np.ones(len(pool), dtype=bool)
     chosen: list[tuple[Candidate, float]] = []
-    while remaining and len(chosen) < k:
-        charged = {i: adjusted[i] - penalty * taken_per_session[pool[i].session] for i in remaining}
-        best = max(remaining, key=lambda i: (charged[i], -i))
-        remaining.remove(best)
-        taken_per_session[pool[best].session] += 1
+    for _ in range(min(k, len(pool))):
+        charged = adjusted - penalty * taken_per_session[session]
+        best = int(np.argmax(np.where(open_places, charged, -np.inf)))
+        open_places[best] = False
+        taken_per_session[session[best]] += 1
         chosen.append((pool[best], float(charged[best])))
     return chosen
