@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -95,10 +96,14 @@ def fused_pool(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: 
 
 
 def fuse(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float) -> dict[int, float]:
-    """Reciprocal-rank fusion of two rankings (best first): id -> sum of weight / (RRF_C + rank), best first."""
-    ids, totals = _fused(vector_ids, bm25_ids, bm25_weight)
-    order = np.lexsort((ids, -totals))
-    return dict(zip(ids[order].tolist(), totals[order].tolist()))
+    """Reciprocal-rank fusion of two rankings (best first): id -> sum of weight / (RRF_C + rank). (fused_pool gives
+    the best of it ranked.)"""
+    fused: dict[int, float] = defaultdict(float)
+    for rank, memory_id in enumerate(vector_ids, start=1):
+        fused[int(memory_id)] += 1.0 / (RRF_C + rank)
+    for rank, memory_id in enumerate(bm25_ids, start=1):
+        fused[int(memory_id)] += bm25_weight / (RRF_C + rank)
+    return dict(fused)
 
 
 def _fused(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float) -> tuple[np.ndarray, np.ndarray]:
