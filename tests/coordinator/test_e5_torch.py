@@ -1,6 +1,5 @@
 """E5's torch encoder: the biases moved into the layer norms (e5_torch.folded_layers) compute the model as written, in
-numpy and through torch in float32 on the CPU; on a GPU, every captured graph (a query's, a batch's) gives the eager
-forward's vector."""
+numpy and through torch in float32 on the CPU; on a GPU, every captured query graph gives the batch path's vector."""
 from __future__ import annotations
 
 import math
@@ -87,30 +86,27 @@ def test_the_torch_encoder_in_float32_on_the_cpu_is_the_model(weights) -> None:
 
 
 @pytest.mark.gpu
-def test_every_captured_graph_gives_the_eager_forwards_vector(weights) -> None:
-    """One query of each length up to QUERY_GRAPH_TOKENS and past it (each padded size's graph, then the eager path),
-    and the same texts as batches (the batch graphs, chunks of BATCH_GRAPH_ROWS), against the eager forward."""
+def test_every_query_graph_gives_the_batch_paths_vector(weights) -> None:
+    """One query of each length up to QUERY_GRAPH_TOKENS (each padded size's captured graph, and the eager path past
+    them) against the same ids in a padded batch, whose forward runs eagerly."""
     torch = pytest.importorskip("torch")
-    from tiered_recall.embedders.e5_torch import BATCH_GRAPH_ROWS, TorchEncoder
+    from tiered_recall.embedders.e5_torch import TorchEncoder
 
     encoder = TorchEncoder(weights, device="cuda")
     rng = np.random.default_rng(5)
     lengths = list(range(3, QUERY_GRAPH_TOKENS + 1)) + [QUERY_GRAPH_TOKENS + 9]
     rows = [[weights.bos, *rng.integers(5, weights.vocabulary, size=length - 2).tolist(), weights.eos]
             for length in lengths]
-    for start in range(0, len(rows), BATCH_GRAPH_ROWS + 7):  # chunks past one graph's rows
-        chunk = rows[start:start + BATCH_GRAPH_ROWS + 7]
+    for start in range(0, len(rows), 16):
+        chunk = rows[start:start + 16]
         longest = max(map(len, chunk))
         padded = np.full((len(chunk), longest), weights.pad, dtype=np.int64)
         for index, row in enumerate(chunk):
             padded[index, : len(row)] = row
-        with torch.inference_mode():
-            eager = encoder._pooled(torch.from_numpy(padded).cuda()).cpu().numpy()
-        eager /= np.linalg.norm(eager, axis=1, keepdims=True)
         batch = encoder.mean_pooled(padded, (padded != weights.pad).astype(np.int32))
         batch /= np.linalg.norm(batch, axis=1, keepdims=True)
-        assert ((batch * eager).sum(axis=1) > 0.999).all()
         for index, row in enumerate(chunk):
             one = encoder.one(row)[0]
             one /= np.linalg.norm(one)
-            assert float(one @ eager[index]) > 0.999, len(row)
+            assert float(one @ batch[index]) > 0.999, len(row)
+    assert torch.cuda.is_available()

@@ -3,8 +3,6 @@ its token ids and does everything else on the device (the word-embedding lookup,
 attention, pooling and normalisation), or on the CPU in bfloat16 where the CPU has AMX (docs/recall.md)."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from ..errors import InvalidInput
@@ -14,13 +12,7 @@ from .e5_weights import E5Weights
 # QUERY_GRAPH_TOKENS, all captured while the encoder loads; a longer query runs eagerly.
 QUERY_GRAPH_STEP = 8
 QUERY_GRAPH_TOKENS = 128
-# Many texts (ingest) on a GPU: chunks of BATCH_GRAPH_ROWS texts padded to a multiple of BATCH_GRAPH_STEP tokens, each
-# chunk one replayed graph (captured at the first batch of its size), so that a pass costs no Python per kernel and
-# another thread holding the interpreter (ingest's writer) does not stall it; longer texts run eagerly.
-BATCH_GRAPH_ROWS = 64
-BATCH_GRAPH_STEP = 16
-BATCH_GRAPH_TOKENS = 128
-# Tokens per call of mean_pooled when embedding many texts: enough rows to fill a GPU's matrix units.
+# Tokens per forward pass when embedding many texts on a GPU: enough rows to fill its matrix units.
 GPU_BATCH_TOKENS = 16384
 CPU_BATCH_TOKENS = 2048
 
@@ -108,9 +100,7 @@ class TorchEncoder:
         positions = weights.f32("emb.pos").reshape(weights.max_positions, self.hidden)
         self._position_and_type = tensor(positions + weights.f32("emb.type")[: self.hidden])
         self._word_table = None
-        self._graphs: dict[tuple[int, int], _Graph] = {}
-        # One replay at a time: a graph's inputs and outputs are fixed buffers (searches may come from several threads).
-        self._replay_lock = threading.Lock()
+        self._graphs: dict[int, tuple] = {}
         if self.on_gpu:
             # The whole word-embedding table on the device, dequantized once: a query's lookup is one gather there.
             table = torch.empty((weights.vocabulary, self.hidden), dtype=self.dtype, device=self.device)
@@ -120,9 +110,15 @@ class TorchEncoder:
                 table[start:start + len(rows)] = torch.from_numpy(weights.word_vectors(rows)).to(self.device,
                                                                                                  self.dtype)
             self._word_table = table
+            self._pinned_ids = torch.full((QUERY_GRAPH_TOKENS,), self.pad, dtype=torch.int64).pin_memory()
+            self._pinned_ids_view = self._pinned_ids.numpy()
+            self._pinned_out = torch.empty((self.hidden,), dtype=torch.float32).pin_memory()
+            self._pinned_out_view = self._pinned_out.numpy()
             self._pool = torch.cuda.graph_pool_handle()
-            for tokens in range(QUERY_GRAPH_STEP, QUERY_GRAPH_TOKENS + 1, QUERY_GRAPH_STEP):
-                self._capture(1, tokens, unit=True)
+            # no_grad, not inference_mode: a query copies its ids into the graphs' inputs outside inference mode
+            with torch.no_grad(), torch.cuda.device(self.device):
+                for tokens in range(QUERY_GRAPH_STEP, QUERY_GRAPH_TOKENS + 1, QUERY_GRAPH_STEP):
+                    self._capture(tokens)
 
     # ---- the model -------------------------------------------------------------------------------------------------
     def _input_embeddings(self, token_ids):
@@ -180,16 +176,8 @@ class TorchEncoder:
                 hidden_states = self._layers_forward(x, self._cpu_mask(mask))
                 m = torch.from_numpy(mask).to(torch.float32)
                 return ((hidden_states.float() * m[..., None]).sum(dim=1) / m.sum(dim=1, keepdim=True)).numpy()
-        if token_ids.shape[1] > BATCH_GRAPH_TOKENS:
-            with torch.inference_mode():
-                ids = torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)).to(self.device)
-                return self._pooled(ids).cpu().numpy()
-        tokens = -(-token_ids.shape[1] // BATCH_GRAPH_STEP) * BATCH_GRAPH_STEP
-        result = np.empty((token_ids.shape[0], self.hidden), dtype=np.float32)
-        for start in range(0, token_ids.shape[0], BATCH_GRAPH_ROWS):
-            chunk = token_ids[start:start + BATCH_GRAPH_ROWS]
-            result[start:start + chunk.shape[0]] = self._run(BATCH_GRAPH_ROWS, tokens, chunk)[: chunk.shape[0]]
-        return result
+            ids = torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)).to(self.device, non_blocking=True)
+            return self._pooled(ids).cpu().numpy()
 
     def _cpu_mask(self, mask: np.ndarray):
         torch = self._torch
@@ -204,69 +192,41 @@ class TorchEncoder:
         if not self.on_gpu or tokens > QUERY_GRAPH_TOKENS:
             row = np.asarray([ids], dtype=np.int64)
             return self.mean_pooled(row, np.ones(row.shape, dtype=np.int32))
-        return self._run(1, -(-tokens // QUERY_GRAPH_STEP) * QUERY_GRAPH_STEP, [ids])
-
-    def _run(self, rows: int, tokens: int, texts) -> np.ndarray:
-        """The graph of (rows, tokens) over these texts' ids (at most `rows`, each at most `tokens` long, padding
-        past its end ignored): a copy of its (rows, hidden) float32 output (unit rows for a single query's graph)."""
+        size = -(-tokens // QUERY_GRAPH_STEP) * QUERY_GRAPH_STEP
+        graph, static_ids, pinned_ids, static_out = self._graphs[size]
+        buffer = self._pinned_ids_view
+        buffer[:tokens] = ids
+        buffer[tokens:size] = self.pad
         torch = self._torch
-        with self._replay_lock:
-            graph = self._graphs.get((rows, tokens))
-            if graph is None:
-                graph = self._capture(rows, tokens, unit=rows == 1)
-            ids = graph.host_ids
-            ids.fill(self.pad)
-            ids[:, 0] = self._weights.bos  # rows past the texts: one token each, so that nothing divides by zero
-            if isinstance(texts, np.ndarray):
-                ids[: texts.shape[0], : texts.shape[1]] = texts
-            else:
-                for index, text in enumerate(texts):
-                    ids[index, : len(text)] = text
-            if torch.cuda.current_device() != self._device_index:
-                with torch.cuda.device(self.device):
-                    return graph.replay()
-            return graph.replay()
+        if torch.cuda.current_device() != self._device_index:
+            with torch.cuda.device(self.device):
+                return self._replay(graph, static_ids, pinned_ids, static_out)
+        return self._replay(graph, static_ids, pinned_ids, static_out)
 
-    def _capture(self, rows: int, tokens: int, *, unit: bool) -> "_Graph":
-        """Captures the graph of `rows` texts padded to `tokens`: ids in, the mean-pooled vectors out (unit: each
-        normalised to length 1)."""
+    def _replay(self, graph, static_ids, pinned_ids, static_out) -> np.ndarray:
+        static_ids.copy_(pinned_ids, non_blocking=True)
+        graph.replay()
+        self._pinned_out.copy_(static_out, non_blocking=True)
+        self._torch.cuda.current_stream().synchronize()
+        return self._pinned_out_view.copy()[None]
+
+    def _capture(self, tokens: int) -> None:
+        """Captures the graph of one query padded to `tokens`: ids in, the unit mean-pooled vector out."""
         torch = self._torch
-        static_ids = torch.full((rows, tokens), self.pad, dtype=torch.int64, device=self.device)
-        static_ids[:, 0] = self._weights.bos
+        static_ids = torch.full((1, tokens), self.pad, dtype=torch.int64, device=self.device)
+        static_ids[0, 0] = self._weights.bos
 
         def forward():
-            pooled = self._pooled(static_ids)
-            return pooled / pooled.norm(dim=1, keepdim=True) if unit else pooled
+            pooled = self._pooled(static_ids)[0]
+            return pooled / pooled.norm()
 
-        # no_grad, not inference_mode: each replay copies its ids into the graph's input outside inference mode
-        with torch.no_grad(), torch.cuda.device(self.device):
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graph capture requires
-                forward()
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the load thread captures while the application may use CUDA on other threads
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                static_out = forward()
-        captured = _Graph(torch, graph, static_ids, static_out)
-        self._graphs[(rows, tokens)] = captured
-        return captured
-
-
-class _Graph:
-    """A captured forward pass with its pinned host buffers: ids in, pooled vectors out, one copy each way."""
-
-    def __init__(self, torch, graph, static_ids, static_out) -> None:
-        self._torch, self._graph, self._static_ids, self._static_out = torch, graph, static_ids, static_out
-        self._pinned_ids = torch.empty(static_ids.shape, dtype=torch.int64).pin_memory()
-        self.host_ids = self._pinned_ids.numpy()
-        self._pinned_out = torch.empty(static_out.shape, dtype=torch.float32).pin_memory()
-        self._host_out = self._pinned_out.numpy()
-
-    def replay(self) -> np.ndarray:
-        self._static_ids.copy_(self._pinned_ids, non_blocking=True)
-        self._graph.replay()
-        self._pinned_out.copy_(self._static_out, non_blocking=True)
-        self._torch.cuda.current_stream().synchronize()
-        return self._host_out.copy()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graph capture requires
+            forward()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the load thread captures while the application may use CUDA on other threads
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            static_out = forward()
+        self._graphs[tokens] = (graph, static_ids[0], self._pinned_ids[:tokens], static_out)
