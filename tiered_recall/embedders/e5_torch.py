@@ -3,6 +3,8 @@ its token ids and does everything else on the device (the word-embedding lookup,
 attention, pooling and normalisation), or on the CPU in bfloat16 where the CPU has AMX (docs/recall.md)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..errors import InvalidInput
@@ -101,6 +103,8 @@ class TorchEncoder:
         self._position_and_type = tensor(positions + weights.f32("emb.type")[: self.hidden])
         self._word_table = None
         self._graphs: dict[int, tuple] = {}
+        # One query at a time: the graphs' inputs and outputs are fixed buffers (searches may come from several threads).
+        self._replay_lock = threading.Lock()
         if self.on_gpu:
             # The whole word-embedding table on the device, dequantized once: a query's lookup is one gather there.
             table = torch.empty((weights.vocabulary, self.hidden), dtype=self.dtype, device=self.device)
@@ -194,14 +198,15 @@ class TorchEncoder:
             return self.mean_pooled(row, np.ones(row.shape, dtype=np.int32))
         size = -(-tokens // QUERY_GRAPH_STEP) * QUERY_GRAPH_STEP
         graph, static_ids, pinned_ids, static_out = self._graphs[size]
-        buffer = self._pinned_ids_view
-        buffer[:tokens] = ids
-        buffer[tokens:size] = self.pad
         torch = self._torch
-        if torch.cuda.current_device() != self._device_index:
-            with torch.cuda.device(self.device):
-                return self._replay(graph, static_ids, pinned_ids, static_out)
-        return self._replay(graph, static_ids, pinned_ids, static_out)
+        with self._replay_lock:
+            buffer = self._pinned_ids_view
+            buffer[:tokens] = ids
+            buffer[tokens:size] = self.pad
+            if torch.cuda.current_device() != self._device_index:
+                with torch.cuda.device(self.device):
+                    return self._replay(graph, static_ids, pinned_ids, static_out)
+            return self._replay(graph, static_ids, pinned_ids, static_out)
 
     def _replay(self, graph, static_ids, pinned_ids, static_out) -> np.ndarray:
         static_ids.copy_(pinned_ids, non_blocking=True)
