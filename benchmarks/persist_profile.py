@@ -27,8 +27,9 @@ def main() -> int:
     rng = np.random.default_rng(0)
     for rows in args.rows:
         name = f"prof-{uuid.uuid4().hex[:8]}"
+        # the persistent kernel's profile: codes off (with them, tiers of --codes-min-rows rows and more are launched)
         proc = start_sidecar(name, dim=args.dim, capacity=rows, dtype="f16", backend="cuda", cuda_verbose=True,
-                             cuda_profile=True)
+                             cuda_profile=True, codes="off")
         hot = HotTier.attach(name)
         try:
             for s in range(0, rows, 50_000):

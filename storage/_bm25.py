@@ -5,36 +5,17 @@ updates, document frequencies stay exact, deleted rows never score, and dead pos
 they are half of the index. A term no live row holds any more leaves the vocabulary at once and its id is
 reused: texts that carry one-off tokens (numbers, timestamps, names) would otherwise grow the vocabulary
 with every memory ever added, deleted or not. Scores follow Okapi BM25 with a lower length normalisation
-(b=0.4) than usual, which suits short conversational turns.
+(b=0.4) than usual, which suits short conversational turns. Terms are tiered_recall.text_terms's, which the
+retrieval stages' keyword match reads too.
 """
 from __future__ import annotations
 
 import math
-import re
 from typing import Sequence
 
 import numpy as np
 
-_TOKEN = re.compile(r"[0-9a-z]+")
-# bm25s's English list (the scikit-learn-derived short list) plus a few conversational fillers.
-_STOPWORDS = frozenset("""a an and are as at be but by for if in into is it no not of on or such that the their then
-there these they this to was will with i you he she we me my your his her our its am im do did does""".split())
-
-
-def _stem(token: str) -> str:
-    # A light plural stemmer: enough to match "dogs"/"dog" and "hobbies"/"hobby" without a stemming library.
-    if len(token) > 4 and token.endswith("ies"):
-        return token[:-3] + "y"
-    if len(token) > 3 and token.endswith("s") and not token.endswith(("ss", "us", "is")):
-        return token[:-1]
-    return token
-
-
-def tokenize(text: str) -> list[str]:
-    """The BM25 terms of a text: runs of [0-9a-z] in the lower-cased text, stopwords dropped, plurals stemmed
-    lightly."""
-    return [_stem(t) for t in _TOKEN.findall(text.lower()) if t not in _STOPWORDS]
-
+from ..text_terms import tokenize
 
 _NO_SLOTS = np.empty(0, np.int64)  # shared by every free term and every dead slot's term list (never written)
 _NO_TF = np.empty(0, np.float32)

@@ -1,6 +1,7 @@
 """Searches of a cold store: by vector (mirror, FAISS IVF, flat scan or LanceDB), where filters, BM25, hybrid RRF."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
@@ -39,6 +40,33 @@ def looks_like_bad_filter(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(word in text for word in ("sql", "parse", "no field", "not found in schema", "schema error",
                                          "invalid user input", "column", "expected", "unsupported"))
+
+
+# LanceDB's wording around the reason a filter was refused: prefixes it repeats, the statement it built, where in its
+# own sources the error arose.
+_LANCE_PREFIX = re.compile(r"^(?:(?:Invalid input|Invalid user input|invalid SQL predicate|Schema error|"
+                           r"Error during planning)[,:]\s*)+")
+_PARSER_REASON = re.compile(r"\((?:sql parser error|LanceError\(\w+\)): (.*)\)\s*$", re.S)
+_RUST_SOURCE = re.compile(r",?\s*/\S+\.rs:\d+:\d+")
+_POSITION = re.compile(r"\b(?:at )+Line: 1, Column: (\d+)")
+FILTER_COLUMNS = "id, namespace, session, role, text, created_at, metadata"
+
+
+def filter_problem(where: str, exc: BaseException) -> str:
+    """Why LanceDB refused a where filter, in a few words: its reason without the statement it built around the
+    filter or its source paths, and a position as a column of the filter itself ("... at column 8")."""
+    text = " ".join(str(exc).split())
+    text = text.replace(f"Error resolving filter expression {where}: ", "")
+    match = _PARSER_REASON.search(text)
+    if match:
+        text = match.group(1)
+    text = _RUST_SOURCE.sub("", text)
+    text = _POSITION.sub(r"at column \1", text).replace("found: EOF", "found: the end of the filter")
+    while True:
+        shorter = _LANCE_PREFIX.sub("", text).strip()
+        if shorter == text:
+            return text
+        text = shorter
 
 
 class Searcher:
@@ -180,10 +208,21 @@ class Searcher:
             raise
         except Exception as exc:
             if where is not None and looks_like_bad_filter(exc):
-                raise InvalidInput(f"where={where!r} is not a valid LanceDB SQL filter over the columns "
-                                   f"id, namespace, session, role, text, created_at, metadata: {exc}") from None
+                # The search's own statement wraps the filter (a namespace, parentheses): the filter alone gives
+                # LanceDB's reason with positions in the caller's own text.
+                alone = self._check_filter_alone(where) or exc
+                raise InvalidInput(f"the where filter {where!r} is not valid LanceDB SQL over the columns "
+                                   f"{FILTER_COLUMNS}: {filter_problem(where, alone)}") from None
             raise StorageError(f"cold tier: failed to {what} at {self._tables.path}: "
                                f"{type(exc).__name__}: {exc}") from exc
+
+    def _check_filter_alone(self, where: str) -> BaseException | None:
+        """LanceDB's error for the filter by itself, or None when it takes it alone."""
+        try:
+            self._tables.table.search().where(where).select(["id"]).limit(1).to_arrow()
+        except Exception as exc:  # any refusal is the filter's: only its reason is read
+            return exc
+        return None
 
     def matching_ids(self, namespace: str | None, where: str) -> np.ndarray:
         """The ids of the rows of the scope (namespace, or all when None) that a where filter matches, evaluated by

@@ -90,7 +90,7 @@ def check_where(where: str | None) -> str | None:
         raise InvalidInput(f"where must be a non-empty SQL filter string such as \"role = 'user'\", got {where!r}")
     escape = filter_escape(where)
     if escape is not None:
-        raise InvalidInput(f"where {escape}")
+        raise InvalidInput(f"the where filter {where!r} {escape}")
     return where
 
 

@@ -84,10 +84,11 @@ def cuda_options(request: pytest.FixtureRequest) -> dict:
 
 @pytest.fixture
 def persistent_kernel(cuda_options: dict) -> dict:
-    """cuda_options for a test of the persistent kernel itself: skips when the run asked for --cuda-persist off."""
+    """cuda_options for a test of the persistent kernel itself: skips when the run asked for --cuda-persist off, and
+    turns the int8 codes off (with them, tiers of --codes-min-rows rows and more are launched, not the kernel's)."""
     if not cuda_options["cuda_persist"]:
         pytest.skip("tests the persistent kernel: this run has --cuda-persist off")
-    return cuda_options
+    return {**cuda_options, "codes": "off"}
 
 
 @pytest.fixture

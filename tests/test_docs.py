@@ -69,7 +69,7 @@ def test_python_blocks_run_and_run_again_to_the_same_output(where, code, user_st
                            env=user_store) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, f"{where}:\n{run.stderr}"
-    first, second = (re.sub(r"\d+(\.\d+)? us\b", "<time> us", run.stdout) for run in runs)
+    first, second = (re.sub(r"\d+(\.\d+)? (us|ms)\b", r"<time> \2", run.stdout) for run in runs)
     assert first == second, f"{where} prints something else when run again (stored twice?)"
     if where.startswith("README.md"):  # what its comments promise: two memories in alice, id 1 replaced
         assert second.splitlines()[-1] == "2 Ana is vegan now", second

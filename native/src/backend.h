@@ -11,6 +11,9 @@
 extern "C" {
 #endif
 
+/* The instructions the CPU backend's scan of the codes uses (--test-cpu-isa; AUTO: the best the CPU has). */
+enum tr_cpu_isa { TR_ISA_AUTO = 0, TR_ISA_SCALAR = 1, TR_ISA_AVX2 = 2, TR_ISA_AVX_VNNI = 3, TR_ISA_AVX512_VNNI = 4 };
+
 typedef struct tr_backend_config {
     uint32_t dim;
     uint32_t dtype;      /* tr_dtype */
@@ -21,6 +24,13 @@ typedef struct tr_backend_config {
     void *segment;       /* the mapped segment (a CUDA backend may register it) */
     uint64_t segment_bytes;
     tr_cuda_options cuda; /* the CUDA backend's options (--cuda-*, and its --test-* flags) */
+    uint32_t codes;       /* tr_codes: keep 8-bit codes beside the rows and scan them first (--codes) */
+    uint64_t codes_min_rows; /* ... for tiers of at least this many rows (TR_OPT_AUTO: the backend's own) */
+    uint32_t cpu_isa;     /* tr_cpu_isa (--test-cpu-isa) */
+    /* the header's counters, which the backend moves on (the server's thread only): queries answered through the
+     * codes, and those of them whose candidates were too many, answered by the full scan */
+    uint64_t *code_scans;
+    uint64_t *code_fallbacks;
 } tr_backend_config;
 
 /* A backend owns the vector rows [0, rows) plus each row's id and namespace hash, so that it

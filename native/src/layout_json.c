@@ -22,7 +22,7 @@ void tr_print_layout_json(void) {
     FIELD(tr_header, capacity) FIELD(tr_header, segment_bytes) FIELD(tr_header, slot_bytes)
     FIELD(tr_header, slot_payload_bytes) FIELD(tr_header, max_k) FIELD(tr_header, max_upsert_rows)
     FIELD(tr_header, max_search_queries) FIELD(tr_header, ns_entries) FIELD(tr_header, clients_offset)
-    FIELD(tr_header, ns_offset) FIELD(tr_header, slots_offset) FIELD(tr_header, owner_pid)
+    FIELD(tr_header, ns_offset) FIELD(tr_header, slots_offset) FIELD(tr_header, codes) FIELD(tr_header, owner_pid)
     FIELD(tr_header, owner_uid) FIELD(tr_header, state) FIELD(tr_header, started_ns)
     FIELD(tr_header, heartbeat_ns) FIELD(tr_header, doorbell) FIELD(tr_header, server_sleeping)
     FIELD(tr_header, busy_clients) FIELD(tr_header, cores)
@@ -30,6 +30,7 @@ void tr_print_layout_json(void) {
     FIELD(tr_header, queries) FIELD(tr_header, upserted_rows) FIELD(tr_header, deleted_rows)
     FIELD(tr_header, evicted_rows) FIELD(tr_header, errors) FIELD(tr_header, reclaimed_slots)
     FIELD(tr_header, service_ns_total) FIELD(tr_header, search_ns_total) FIELD(tr_header, namespaces)
+    FIELD(tr_header, code_scans) FIELD(tr_header, code_fallbacks)
     FIELD(tr_header, latency_hist)
     printf("}},\n \"tr_slot\": {\"size\": %zu, \"fields\": {", sizeof(tr_slot));
     first = 1;
@@ -58,6 +59,8 @@ void tr_print_layout_json(void) {
     CONST(TR_HEADER_BYTES) CONST(TR_SLOT_HEADER_BYTES) CONST(TR_MESSAGE_BYTES) CONST(TR_MAX_CLIENTS)
     CONST(TR_LATENCY_BUCKETS) CONST(TR_MAX_DIM) CONST(TR_MAX_K) CONST(TR_NAME_MAX)
     CONST(TR_DTYPE_F32) CONST(TR_DTYPE_F16) CONST(TR_BACKEND_CPU) CONST(TR_BACKEND_CUDA)
+    CONST(TR_CODES_OFF) CONST(TR_CODES_INT8) CONST(TR_CODES_ROW_ALIGN) CONST(TR_CODES_ROW_META_CPU)
+    CONST(TR_CODES_ROW_META_CUDA)
     CONST(TR_SERVER_STARTING) CONST(TR_SERVER_READY) CONST(TR_SERVER_STOPPING)
     CONST(TR_SLOT_FREE) CONST(TR_SLOT_CLAIMED) CONST(TR_SLOT_REQUEST) CONST(TR_SLOT_BUSY)
     CONST(TR_SLOT_DONE) CONST(TR_SLOT_ABANDONED)

@@ -16,6 +16,10 @@
 
 void tr_print_layout_json(void);
 
+/* --codes int8 is the CUDA backend's default up to this many dimensions (its kernels' shared memory past them:
+ * libtrcuda refuses a start that asks for more than the GPU has). */
+#define TR_CUDA_CODES_MAX_DIM 4096u
+
 static volatile sig_atomic_t stop_requested = 0;
 static void on_signal(int sig) {
     (void)sig;
@@ -82,6 +86,16 @@ static const tr_backend_ops *pick_backend(tr_options *o) {
     if (!o->dtype) o->dtype = ops->kind == TR_BACKEND_CUDA ? "f16" : "f32";
     else if (strcmp(o->dtype, "float32") == 0) o->dtype = "f32";
     else if (strcmp(o->dtype, "float16") == 0) o->dtype = "f16";
+    /* the CUDA backend re-scores its candidates with the tensor-core arithmetic of the f16 scan, and its kernels'
+     * shared memory holds the queries of up to TR_CUDA_CODES_MAX_DIM dimensions */
+    const int cuda = ops->kind == TR_BACKEND_CUDA, cuda_f32 = cuda && strcmp(o->dtype, "f32") == 0;
+    if (!o->codes) {
+        o->codes = cuda_f32 || (cuda && o->dim > TR_CUDA_CODES_MAX_DIM) ? "off" : "int8";
+    } else if (cuda_f32 && strcmp(o->codes, "int8") == 0) {
+        fprintf(stderr, "tr-sidecar: --codes int8 needs --dtype f16 on the cuda backend: drop --dtype f32, or use "
+                        "--codes off\n");
+        return NULL;
+    }
     return ops;
 }
 
@@ -127,13 +141,22 @@ static void handle_signals(void) {
     signal(SIGPIPE, SIG_IGN);
 }
 
+static uint32_t cpu_isa_of(const char *name) {
+    if (strcmp(name, "avx512-vnni") == 0) return TR_ISA_AVX512_VNNI;
+    if (strcmp(name, "avx-vnni") == 0) return TR_ISA_AVX_VNNI;
+    if (strcmp(name, "avx2") == 0) return TR_ISA_AVX2;
+    if (strcmp(name, "scalar") == 0) return TR_ISA_SCALAR;
+    return TR_ISA_AUTO;
+}
+
 static int serve(const tr_options *o, const tr_backend_ops *ops) {
     const uint32_t dtype = strcmp(o->dtype, "f16") == 0 ? TR_DTYPE_F16 : TR_DTYPE_F32;
+    const uint32_t codes = strcmp(o->codes, "int8") == 0 ? TR_CODES_INT8 : TR_CODES_OFF;
     uint64_t namespaces = o->namespaces;
     if (namespaces == TR_OPT_AUTO)
         namespaces = o->capacity * 2 < 4096 ? 4096 : (o->capacity * 2 > (1u << 20) ? (1u << 20) : o->capacity * 2);
     tr_segment_geometry g = {(uint32_t)o->dim, dtype, ops->kind, o->capacity, (uint32_t)o->slots,
-                             o->slot_bytes == TR_OPT_AUTO ? 0u : (uint32_t)o->slot_bytes, next_pow2(namespaces)};
+                             o->slot_bytes == TR_OPT_AUTO ? 0u : (uint32_t)o->slot_bytes, next_pow2(namespaces), codes};
     char err[512] = {0};
     tr_segment seg;
     if (tr_segment_create(o->name, &g, &seg, err, sizeof err) != 0) {
@@ -142,7 +165,8 @@ static int serve(const tr_options *o, const tr_backend_ops *ops) {
     }
     tr_backend_config cfg = {(uint32_t)o->dim, dtype, o->capacity, TR_MAX_K,
                              o->threads == TR_OPT_AUTO ? 0u : (uint32_t)o->threads, (int)o->device, seg.base,
-                             seg.bytes, o->cuda};
+                             seg.bytes, o->cuda, codes, o->codes_min_rows, cpu_isa_of(o->test_cpu_isa),
+                             &seg.header->code_scans, &seg.header->code_fallbacks};
     void *backend = ops->create(&cfg, err, sizeof err);
     if (!backend) {
         fprintf(stderr, "tr-sidecar: %s backend: %s\n", ops->name, err);
@@ -160,8 +184,8 @@ static int serve(const tr_options *o, const tr_backend_ops *ops) {
         return 1;
     }
     if (o->verbose)
-        fprintf(stderr, "tr-sidecar: serving /dev/shm%s (%s, dim %llu, %s, capacity %llu, %llu slots)\n", seg.path,
-                ops->name, (unsigned long long)o->dim, o->dtype, (unsigned long long)o->capacity,
+        fprintf(stderr, "tr-sidecar: serving /dev/shm%s (%s, dim %llu, %s, codes %s, capacity %llu, %llu slots)\n",
+                seg.path, ops->name, (unsigned long long)o->dim, o->dtype, o->codes, (unsigned long long)o->capacity,
                 (unsigned long long)o->slots);
     tr_server_run(&server, &stop_requested);
     tr_server_free(&server);

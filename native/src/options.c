@@ -17,6 +17,8 @@ void tr_options_defaults(tr_options *o) {
     o->slot_bytes = TR_OPT_AUTO;
     o->namespaces = TR_OPT_AUTO;
     o->threads = TR_OPT_AUTO;
+    o->codes_min_rows = TR_OPT_AUTO;
+    o->test_cpu_isa = "auto";
     o->idle_spin_us = 2000;
     /* After a batch from several clients is answered, the server waits this long for them to come back (or for as
      * many requests as that batch and the gathered one held), so they share the next pass instead of alternating in
@@ -59,6 +61,11 @@ static const flag flags[] = {
      "twice the capacity, 4096 to 1048576"},
     {"threads", F_U64, OFF(threads), 1, 256, "N", "CPU search threads", "one per online core"},
     {"device", F_U64, OFF(device), 0, 64, "N", "CUDA device", NULL},
+    {"codes", F_CHOICE, OFF(codes), 0, 0, "int8|off", "keep 8-bit codes beside the rows: a search scans the codes, "
+     "bounds each score and re-scores from the rows only those that can reach the top k (exact; 1 byte a dimension "
+     "more a row); off: scan the rows", "int8, except cuda with --dtype f32: off"},
+    {"codes-min-rows", F_U64, OFF(codes_min_rows), 0, 1ull << 34, "ROWS", "with --codes int8: tiers of fewer rows "
+     "scan the rows (the codes pay from about this size)", "cpu 1024, cuda 100000"},
     {"idle-spin-us", F_U64, OFF(idle_spin_us), 0, 60ull * 1000 * 1000, "US", "keep polling this long after the last "
      "answer before sleeping (the CUDA backend also stops its persistent kernel then)", NULL},
     {"gather-us", F_U64, OFF(gather_us), 0, 1000ull * 1000, "US", "after answering searches of several clients, wait "
@@ -83,6 +90,9 @@ static const flag flags[] = {
      "buffers with garbage before each search, so a result never written shows", NULL},
     {"test-no-zero-copy", F_SWITCH, OFF(cuda.test_no_zero_copy), 0, 0, NULL, "tests only, cuda: leave the segment "
      "unregistered, so results take the copy path of a machine where registration fails", NULL},
+    {"test-cpu-isa", F_CHOICE, OFF(test_cpu_isa), 0, 0, "auto|avx512-vnni|avx-vnni|avx2|scalar", "tests only, cpu: "
+     "the instructions the scan of the codes uses (auto: the best the CPU has; one it lacks is refused at start)",
+     NULL},
     {"test-batched-server", F_SWITCH, OFF(test_batched_server), 0, 0, NULL, "tests only: gather searches into "
      "batches on a backend without batched search too (one call per request)", NULL},
     {"print-config", F_ACTION, TR_ACTION_PRINT_CONFIG, 0, 0, NULL, "print the options as JSON (after the other flags) "

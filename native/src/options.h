@@ -39,6 +39,9 @@ typedef struct tr_options {
     uint64_t namespaces;        /* --namespaces (TR_OPT_AUTO: twice the capacity, 4,096 to 1,048,576) */
     uint64_t threads;           /* --threads (TR_OPT_AUTO: one per online core) */
     uint64_t device;            /* --device */
+    const char *codes;          /* --codes int8|off (NULL: int8 where the backend has it for the dtype; main.c) */
+    uint64_t codes_min_rows;    /* --codes-min-rows (TR_OPT_AUTO: the backend's own) */
+    const char *test_cpu_isa;   /* --test-cpu-isa auto|avx512-vnni|avx-vnni|avx2|scalar */
     /* the server */
     uint64_t idle_spin_us;      /* --idle-spin-us */
     uint64_t gather_us;         /* --gather-us */

@@ -21,6 +21,7 @@ void tr_segment_plan(const tr_segment_geometry *g, tr_header *h) {
     h->dim = g->dim;
     h->dtype = g->dtype;
     h->backend = g->backend;
+    h->codes = g->codes;
     h->capacity = g->capacity;
     h->slot_count = g->slot_count;
     uint64_t payload = g->slot_payload_bytes;

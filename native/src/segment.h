@@ -15,6 +15,7 @@ typedef struct tr_segment_geometry {
     uint32_t slot_count;
     uint32_t slot_payload_bytes;
     uint32_t ns_entries;
+    uint32_t codes; /* tr_codes */
 } tr_segment_geometry;
 
 typedef struct tr_segment {

@@ -1,13 +1,16 @@
 """What a new user meets first on the command line: get / delete / list / export (export ingests back), --version,
-help without type tags, errors printed verbatim, ids as strings in JSON, a hint for an unknown namespace, and
-Ctrl-C during ingest stopping cleanly with a line that says how to resume."""
+help without type tags, errors printed verbatim, ids as strings in JSON, a hint for an unknown namespace, ChatGPT and
+Claude exports ingested with no options, and Ctrl-C during ingest stopping cleanly with a line that says how to
+resume."""
 from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -50,7 +53,7 @@ def test_help_has_no_type_tags_and_lists_the_choices():
             assert tag not in result.stdout, f"{command} --help shows {tag}"
     ingest = invoke("ingest", "--help").stdout
     for choice in ("plain", "speaker", "said", "dated_speaker", "dated_said", "{file}", "{stem}", "{conversation}",
-                   "{session}", "auto|jsonl|openai|sharegpt|locomo|conversation", "--turns-field", "--keep-system"):
+                   "{session}", "auto|jsonl|openai|sharegpt|locomo|chatgpt|claude|conversation", "--turns-field", "--keep-system"):
         assert choice in ingest, choice
 
 
@@ -110,6 +113,22 @@ def test_export_ingests_back_to_the_same_memories(tmp_path):
     only_bob = cli_in(first, "export", "-n", "bob")
     assert sorted(json.loads(line)["content"] for line in only_bob.stdout.splitlines()) == [
         "Bring the [red] umbrella", "Dinner was at eight"]
+
+
+def test_chatgpt_and_claude_exports_go_in_with_no_options(tmp_path):
+    fixtures = Path(__file__).parents[1] / "ingest" / "fixtures" / "ingest"
+    store_path = tmp_path / "store"
+    ingested = cli_in(store_path, "ingest", str(fixtures / "chatgpt_conversations.json"),
+                      str(fixtures / "claude_conversations.json"), "--json", "--preset", "fast")
+    assert ingested.exit_code == 0, ingested.output
+    summary = json.loads(ingested.stdout)
+    assert summary["formats"] == {"chatgpt": 1, "claude": 1} and summary["added"] == 13
+    assert summary["skipped_parts"]["image_asset_pointer"] == 2
+    users = cli_in(store_path, "search", "balcony trip", "--where", "role = 'user'", "-k", "20", "--json")
+    assert users.exit_code == 0, users.output
+    hits = json.loads(users.stdout)
+    assert len(hits) == 6 and {hit["role"] for hit in hits} == {"user"}  # Claude's "human" is a user too
+    assert {hit["metadata"]["original_role"] for hit in hits} == {"user", "human"}
 
 
 def test_errors_keep_their_square_brackets(tmp_path, monkeypatch):
@@ -178,17 +197,77 @@ def test_ctrl_c_during_ingest_stops_at_a_batch_and_the_same_command_resumes(tmp_
     assert json.loads(stats.stdout)["cold_rows"] == turns
 
 
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_and_the_same_command_resumes(tmp_path):
+    turns = 400
+    log = tmp_path / "long.jsonl"
+    log.write_text("".join(json.dumps({"role": "user", "session": f"s{i // 30}",
+                                       "content": f"turn {i}: we talked about the garden, bed number {i % 41}"}) + "\n"
+                           for i in range(turns)))
+    store_path = tmp_path / "store"
+    # One batch of every turn: the E5 embedding of it keeps the main thread in native code for seconds, where a
+    # KeyboardInterrupt would wait for it.
+    command = [CLI, "ingest", str(log), "-n", "me", "--batch-size", str(turns), "--quiet", "--store", str(store_path),
+               "--device", "none"]
+    started = time.time()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not _store_written_since(store_path, started):
+        assert proc.poll() is None and time.monotonic() < deadline, "the ingest ended before it was interrupted"
+        time.sleep(0.01)
+    time.sleep(1.0)  # into the embedder's start or the embedding of the batch: native code either way
+    proc.send_signal(signal.SIGINT)
+    first = lines.get(timeout=10)  # the first Ctrl-C is answered at once too, mid-batch
+    assert "stopping after the batch being written (Ctrl-C again stops at once)" in first, first
+    assert proc.poll() is None, "the batch ended before the test could press Ctrl-C again"
+    second_sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    took = time.monotonic() - second_sent
+    reader.join(timeout=10)
+    proc.stdout.close()
+    proc.stderr.close()
+    rest = "".join(list(lines.queue))
+    assert proc.returncode == 130, rest
+    assert took < 3.0, f"the second Ctrl-C took {took:.1f} s to stop the ingest"
+    assert "interrupted at once" in " ".join(rest.split()) and "Traceback" not in rest, rest
+    final = subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr
+    summary = json.loads(final.stdout)
+    assert summary["added"] + summary["unchanged"] == turns  # the batch cut short is stored whole or not at all
+    stats = subprocess.run([CLI, "stats", "--store", str(store_path), "--device", "none"], capture_output=True,
+                           text=True, timeout=120)
+    assert json.loads(stats.stdout)["cold_rows"] == turns
+
+
 @pytest.mark.lancedb
-def test_demo_serves_hot_in_microseconds_and_removes_its_store(tmp_path):
+def test_demo_serves_hot_in_microseconds_readably_in_80_columns_and_removes_its_store(tmp_path):
+    from tiered_recall.cli.demo import QUERIES
+
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     done = subprocess.run([CLI, "demo", "--device", "cpu"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TMPDIR": str(temporary), "COLUMNS": "200"})
+                          env={**os.environ, "TMPDIR": str(temporary), "COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     assert list(temporary.iterdir()) == [], "the demo left its temporary store behind"
-    rows = [line for line in done.stdout.splitlines() if line.startswith("│")]
-    queries = [row for row in rows if "µs" in row]
-    assert len(queries) == 5
-    for row in queries:  # each search answered by the hot tier alone, proved exact, timed in microseconds
-        assert "complete" in row and row.count("µs") == 3 and " ms" not in row and "yes" in row, row
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows: list[list[list[str]]] = [[]]
+    for line in lines:
+        if line.startswith("│"):
+            rows[-1].append([cell.strip() for cell in line.strip("│").split("│")])
+        elif line.startswith("├") and rows[-1]:
+            rows.append([])
+    assert len(rows) == len(QUERIES)
+    for (query, _), row in zip(QUERIES, rows):
+        first = " ".join(" ".join(cells[0] for cells in row).split())
+        assert first.startswith(query + " → "), first  # the query and its best hit, wrapped between words only
+        embed, hot, rule, cold, same = row[0][1:]
+        # each search answered by the hot tier alone, proved exact by its rule, timed in microseconds
+        assert hot.endswith(" µs") and cold.endswith(" µs") and embed.endswith((" µs", " ms")), row[0]
+        assert rule == "complete" and same == "yes", row[0]
+        assert all(cells[1:] == ["", "", "", "", ""] for cells in row[1:]), row  # figures never wrap
     assert "5 of 5 answered by the hot tier alone" in done.stdout

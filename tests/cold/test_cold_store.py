@@ -325,6 +325,36 @@ def test_bad_inputs_raise_invalid_input_and_write_nothing(store):
     assert store.count() == 1
 
 
+def test_a_bad_where_filter_names_the_reason_in_the_filters_own_terms(store):
+    v = unit_rows(np.random.default_rng(8), 1)
+    store.add(**rows([1], v))
+    for namespace in (None, "default"):  # the search wraps the filter in its own statement: not shown
+        with pytest.raises(InvalidInput) as info:
+            store.search(v[0], k=1, namespace=namespace, where="role = = 'user'")
+        assert str(info.value) == ("the where filter \"role = = 'user'\" is not valid LanceDB SQL over the columns id, "
+                                   "namespace, session, role, text, created_at, metadata: Expected: an expression, "
+                                   "found: =")
+        # what could reach past the parentheses the search puts the filter in is refused before LanceDB reads it
+        for where, reason in (("role = 'user", "leaves a ' quote open"),
+                              ("role = 'user' AND (", "leaves a parenthesis open")):
+            with pytest.raises(InvalidInput) as info:
+                store.search(v[0], k=1, namespace=namespace, where=where)
+            assert str(info.value).startswith(f"the where filter {where!r} {reason}: ")
+
+
+def test_filter_problem_reads_lancedbs_wording():
+    from tiered_recall.storage._search import filter_problem
+
+    where = "role = 'a' and text like '%x"
+    assert filter_problem(where, ValueError("Invalid input, Invalid input, invalid SQL predicate: Unterminated "
+                                            "string literal at at Line: 1, Column: 27")) == (
+        "Unterminated string literal at column 27")
+    assert filter_problem("id = 'x'", ValueError(
+        "Invalid input, Error resolving filter expression id = 'x': Invalid user input: Received literal "
+        "Utf8(\"x\") and could not convert to literal of type 'Int64', /root/.cargo/registry/src/lance/x.rs:23:88")) \
+        == "Received literal Utf8(\"x\") and could not convert to literal of type 'Int64'"
+
+
 def test_reopen_keeps_rows_and_refuses_another_dim(tmp_path):
     path = tmp_path / "cold"
     rng = np.random.default_rng(7)

@@ -144,9 +144,17 @@ def test_pinned_namespace_is_never_evicted_and_pin_loads_cold_rows(open_memory):
     assert {0, 1, 2} <= hot_ids(memory, [0, 1, 2])
 
 
-def test_hot_capacity_in_bytes(open_memory):
-    memory = open_memory(hot_capacity_bytes=10 * (DIM * 4 + 24) + 5)
+def test_hot_capacity_in_bytes_counts_the_codes_unless_they_are_off(open_memory):
+    from tiered_recall.hot import code_bytes_a_row
+
+    row = DIM * 4 + 24  # the f32 vector and the id, namespace hash and created_at
+    memory = open_memory(hot_capacity_bytes=10 * (row + code_bytes_a_row(DIM, "cpu")) + 5)
     assert memory.hot_capacity == 10 and memory.stats()["hot_capacity"] == 10
+    assert memory.stats()["sidecar"]["codes"] == "int8"
+    memory = open_memory(hot_capacity_bytes=10 * row + 5, codes="off")
+    assert memory.hot_capacity == 10 and memory.stats()["sidecar"]["codes"] == "off"
+    with pytest.raises(InvalidInput, match="codes"):
+        open_memory(codes="int4")
     with pytest.raises(InvalidInput):
         open_memory(hot_capacity_bytes=0)
     with pytest.raises(InvalidInput):

@@ -1,10 +1,10 @@
-"""The retrieval stages (coordinator/stages.py) on hand-made pools: fusion, neighbouring turns, temporal cues, the
-session spread, and the checks on their weights."""
+"""The retrieval stages (coordinator/stages.py) on hand-made pools: fusion, the keyword match, neighbouring turns,
+temporal cues, the session spread, and the checks on their weights."""
 from __future__ import annotations
 
 import pytest
 
-from tiered_recall.coordinator.stages import Candidate, Stages, fuse, rerank
+from tiered_recall.coordinator.stages import Candidate, Stages, fuse, keyword_match, rerank
 from tiered_recall.errors import InvalidInput
 
 
@@ -36,6 +36,15 @@ def test_a_turn_next_to_a_strong_one_rises() -> None:
     assert ids(rerank(pool, "q", 4, Stages(neighbour_weight=0.2)))[:3] == [1, 2, 3]
 
 
+def test_a_neighbour_lifts_a_turn_towards_it_never_past_it() -> None:
+    # 2 scores below its neighbour 1 and rises halfway to it; 1 is not lifted by its weaker neighbour; even at the
+    # largest weight the turn lifted only ties the one that lifted it, and ties keep the pool's order
+    pool = [turn(1, 1.0, 10), turn(3, 0.9, 40), turn(2, 0.5, 11), turn(4, 0.0, 70)]
+    ranked = rerank(pool, "q", 4, Stages(neighbour_weight=0.5))
+    assert ids(ranked) == [1, 3, 2, 4] and [round(score, 3) for _, score in ranked] == [1.0, 0.9, 0.75, 0.0]
+    assert ids(rerank(pool, "q", 4, Stages(neighbour_weight=1.0)))[:2] == [1, 2]
+
+
 def test_neighbours_are_within_one_conversation() -> None:
     pool = [turn(1, 1.0, 10, conversation="a"), turn(3, 0.62, 40), turn(2, 0.6, 11, conversation="b"),
             turn(4, 0.0, 70)]
@@ -58,13 +67,42 @@ def test_session_spread_charges_repeats_of_a_session() -> None:
 
 
 def test_scores_are_the_pools_scaled_to_one_plus_the_stages() -> None:
-    pool = [turn(1, 0.9, 0), turn(2, 0.7, 1), turn(3, 0.5, 9)]
-    ranked = rerank(pool, "q", 3, Stages(neighbour_weight=0.5))
-    assert [round(score, 3) for _, score in ranked] == [1.25, 1.0, 0.0]
+    pool = [turn(1, 0.9, 0, text="Miso is my cat"), turn(2, 0.7, 1), turn(3, 0.5, 9)]
+    ranked = rerank(pool, "What is my cat called?", 3, Stages(keyword_weight=0.5, neighbour_weight=0.5))
+    # 1 holds both of the question's words (cat, called: only cat is in the pool, and called weighs in the whole)
+    cat_share = keyword_match("What is my cat called?", [c.text for c in pool])[0]
+    assert 0 < cat_share < 1
+    assert [round(score, 3) for _, score in ranked] == [round(1 + 0.5 * cat_share, 3),
+                                                         round(0.5 + 0.5 * (1 + 0.5 * cat_share - 0.5), 3), 0.0]
+
+
+def test_keyword_match_weighs_a_rare_word_over_a_common_one() -> None:
+    texts = ["we planted the garden today", "Miso sleeps in the garden", "the garden needs water",
+             "garden party on Sunday"]
+    shares = keyword_match("Where does Miso sleep in the garden?", texts)
+    assert shares[1] == pytest.approx(1.0)  # holds every word of the question (sleeps: plurals are stemmed)
+    assert 0 < shares[0] == shares[2] == shares[3] < 0.2  # "garden" alone: every text holds it
+    assert keyword_match("Where does Miso sleep?", texts).tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_keyword_match_leaves_question_words_out() -> None:
+    texts = ["when we go there it rains", "classes on tuesdays and thursdays"]
+    assert keyword_match("When are my classes?", texts).tolist() == [0.0, 1.0]
+    assert keyword_match("When was it?", texts).tolist() == [0.0, 0.0]  # nothing left to match
+    assert keyword_match("anything", []).shape == (0,)
+
+
+def test_a_word_the_candidates_share_lifts_them_alike_and_a_rare_one_decides() -> None:
+    pool = [turn(1, 0.9, 0, text="the cake was great"), turn(2, 0.85, 5, text="I baked a cake"),
+            turn(3, 0.8, 9, text="lemon cake, my mum's recipe"), turn(4, 0.0, 20, text="see you")]
+    assert ids(rerank(pool, "What cake?", 4, Stages(keyword_weight=1.0))) == [1, 2, 3, 4]
+    assert ids(rerank(pool, "What lemon cake?", 4, Stages(keyword_weight=1.0))) == [3, 1, 2, 4]
 
 
 @pytest.mark.parametrize("options, fix", [
-    ({"neighbour_weight": -1}, "neighbour_weight must be a number from 0 to 10"),
+    ({"neighbour_weight": -1}, "neighbour_weight must be a number from 0 to 1,"),
+    ({"neighbour_weight": 1.5}, "neighbour_weight must be a number from 0 to 1,"),
+    ({"keyword_weight": None}, "keyword_weight must be a number from 0 to 10"),
     ({"temporal_weight": "high"}, "temporal_weight must be a number"),
     ({"bm25_weight": 0}, "bm25_weight must be None or a number in"),
     ({"pool": 0}, "pool must be an int from 1"),

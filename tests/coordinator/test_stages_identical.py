@@ -1,6 +1,7 @@
 """The vectorised retrieval stages and BM25 search rank exactly as the loop implementations they replaced: every dev
-question's BM25 ranking, fused pool and re-ranked top k (ids and scores) compared with the reference below, which is
-the code of 040a8e2 (coordinator/stages.py and storage/_bm25.py) kept only here.
+question's BM25 ranking, fused pool and re-ranked top k (ids and scores) compared with the reference below, kept only
+here: BM25's search as of 040a8e2 (storage/_bm25.py), fusion and re-ranking as of 8b69094 (coordinator/stages.py,
+the stages that merge brought: keyword match, neighbours lifting towards a better neighbour).
 
 The pools are built as a text search builds them, over the LoCoMo dev split ingested with WordLlama (the stages read
 only a pool's ids, scores, texts and metadata, so the embedder that ranked it does not matter here)."""
@@ -15,9 +16,10 @@ import numpy as np
 import pytest
 
 from tiered_recall.coordinator.presets import PRESETS
-from tiered_recall.coordinator.stages import (CONVERSATION_KEY, RRF_C, TURN_INDEX_KEY, Candidate, Stages, fused_pool,
-                                              names_a_time, rerank)
-from tiered_recall.storage._bm25 import Bm25Index, tokenize
+from tiered_recall.coordinator.stages import (_QUESTION_WORDS, _TEMPORAL_QUESTION, CONVERSATION_KEY, RRF_C,
+                                              TURN_INDEX_KEY, Candidate, Stages, fused_pool, names_a_time, rerank)
+from tiered_recall.storage._bm25 import Bm25Index
+from tiered_recall.text_terms import tokenize
 from tiered_recall.testing.locomo import DATA_FILE, DEFAULT_DATA, ExactSearchSink, load_questions
 
 K = 25
@@ -62,25 +64,37 @@ def reference_pool(vector_ids, bm25_ids, weight: float, depth: int) -> list[tupl
     return sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
 
 
-def reference_rerank(pool, query_text: str, k: int, stages: Stages) -> list[tuple[int, float]]:
-    from tiered_recall.coordinator.stages import _TEMPORAL_QUESTION
+def reference_keyword_match(question: str, texts) -> np.ndarray:
+    words = [word for word in dict.fromkeys(tokenize(question)) if word not in _QUESTION_WORDS]
+    if not words or not texts:
+        return np.zeros(len(texts))
+    column = {word: index for index, word in enumerate(words)}
+    wanted = frozenset(words)
+    holds = np.zeros((len(texts), len(words)), dtype=bool)
+    for row, text in enumerate(texts):
+        for word in frozenset(tokenize(text)) & wanted:
+            holds[row, column[word]] = True
+    count = len(texts)
+    found_in = holds.sum(axis=0)
+    weights = np.log1p((count - found_in + 0.5) / (found_in + 0.5))
+    return (holds @ weights) / weights.sum()
 
+
+def reference_rerank(pool, query_text: str, k: int, stages: Stages) -> list[tuple[int, float]]:
     raw = np.array([candidate.score for candidate in pool], dtype=np.float64)
     span = raw.max() - raw.min()
     scores = (raw - raw.min()) / span if span > 0 else np.ones_like(raw)
+    if stages.keyword_weight:
+        scores = scores + stages.keyword_weight * reference_keyword_match(query_text, [c.text for c in pool])
     adjusted = scores.copy()
     if stages.neighbour_weight:
-        at: dict[tuple[Any, int], int] = {}
-        for index, candidate in enumerate(pool):
-            turn = candidate.metadata.get(TURN_INDEX_KEY)
-            if isinstance(turn, int):
-                at[(candidate.metadata.get(CONVERSATION_KEY), turn)] = index
-        best = np.zeros(len(pool))
-        for (conversation, turn), index in at.items():
-            neighbours = [at[key] for key in ((conversation, turn - 1), (conversation, turn + 1)) if key in at]
-            if neighbours:
-                best[index] = max(scores[i] for i in neighbours)
-        adjusted += stages.neighbour_weight * best
+        places = [(c.metadata.get(CONVERSATION_KEY), c.metadata.get(TURN_INDEX_KEY)) for c in pool]
+        at = {place: index for index, place in enumerate(places) if isinstance(place[1], int)}
+        before = [at.get((conversation, turn - 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
+        after = [at.get((conversation, turn + 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
+        padded = np.append(scores, 0.0)
+        best = np.maximum(padded[before], padded[after])
+        adjusted += stages.neighbour_weight * np.maximum(best - scores, 0.0)
     if stages.temporal_weight and _TEMPORAL_QUESTION.search(query_text):
         adjusted += stages.temporal_weight * np.array([names_a_time(candidate.text) for candidate in pool])
     if not stages.session_spread:
@@ -129,7 +143,8 @@ def test_bm25_search_ranks_as_the_loop_did(dev_split) -> None:
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_dev_questions_top_k_is_the_loops(dev_split, preset: str) -> None:
-    """The preset's stages, and the same with a session spread (its greedy loop), question by question."""
+    """The preset's stages over its vector pool, the same with a session spread (its greedy loop), and with BM25
+    fusion building the pool (fused_pool), question by question."""
     sink, questions, query_vectors, index = dev_split
     by_namespace: dict[str, list] = defaultdict(list)
     for record in sink.records.values():
@@ -137,21 +152,23 @@ def test_every_dev_questions_top_k_is_the_loops(dev_split, preset: str) -> None:
     matrices = {name: (np.array([r.id for r in members]), np.stack([sink.vectors[r.id] for r in members]))
                 for name, members in by_namespace.items()}
     stages = PRESETS[preset].stages
-    settings = (stages, replace(stages, session_spread=0.02))
-    neighbour_moves = 0
+    fused = replace(stages, bm25_weight=0.3)
+    settings = (stages, replace(stages, session_spread=0.02), fused)
+    moved = 0
     for question, vector in zip(questions, query_vectors):
         ids, matrix = matrices[question.conversation]
         cosine = matrix @ vector
-        ranked = np.lexsort((ids, -cosine))[: stages.depth]
+        ranked = np.lexsort((ids, -cosine))[: max(stages.depth, stages.pool)]
         vector_ids = ids[ranked].tolist()
-        bm25_ids = index.search(question.text, stages.depth, namespace=question.conversation)[0].tolist()
-        pooled = fused_pool(vector_ids, bm25_ids, stages.bm25_weight, stages.pool)
-        assert pooled == reference_pool(vector_ids, bm25_ids, stages.bm25_weight, stages.pool)
-        pool = [Candidate(i, score, sink.records[i].text, sink.records[i].metadata.get("session_number"),
-                          sink.records[i].metadata) for i, score in pooled]
+        bm25_ids = index.search(question.text, fused.depth, namespace=question.conversation)[0].tolist()
+        fused_ids = fused_pool(vector_ids[: fused.depth], bm25_ids, fused.bm25_weight, fused.pool)
+        assert fused_ids == reference_pool(vector_ids[: fused.depth], bm25_ids, fused.bm25_weight, fused.pool)
+        vector_pool = [(i, float(cosine[row])) for i, row in zip(vector_ids[: stages.pool], ranked)]
         for setting in settings:
+            pool = [Candidate(i, score, sink.records[i].text, sink.records[i].metadata.get("session_number"),
+                              sink.records[i].metadata) for i, score in (fused_ids if setting.bm25_weight else vector_pool)]
             got = [(candidate.id, score) for candidate, score in rerank(pool, question.text, K, setting)]
             assert got == reference_rerank(pool, question.text, K, setting), question.text
-        plain = [c.id for c, _ in rerank(pool, question.text, K, Stages())]
-        neighbour_moves += plain != [c.id for c, _ in rerank(pool, question.text, K, stages)]
-    assert neighbour_moves > len(questions) // 4  # the stages did re-rank: the comparison was not of pool orders
+            if setting is stages:
+                moved += [i for i, _ in vector_pool[:K]] != [i for i, _ in got]
+    assert moved > len(questions) // 4  # the stages did re-rank: the comparison was not of pool orders

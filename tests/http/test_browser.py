@@ -98,7 +98,8 @@ def test_the_page_adds_lists_searches_deletes_and_charts(browser, text_store, se
     _wait(browser, lambda d: len(hits()) == 2, "two hits")
     first = hits()[0].find_elements(By.TAG_NAME, "td")
     assert first[5].text == "My cat is called Miso"
-    assert 0 < float(first[1].text) <= 1 and first[2].text in ("hot", "cold")
+    # a staged text search's score: the scaled cosine (0 to 1) plus what the stages add (docs/recall.md)
+    assert 0 < float(first[1].text) <= 2.7 and first[2].text in ("hot", "cold")
     meta = by_id(By.ID, "search-meta").text
     assert meta.startswith("2 hits · rule ") and " ms in the store" in meta
 

@@ -234,3 +234,14 @@ def test_boundary_errors(memory: FakeMemory, tmp_path: Path) -> None:
 def test_empty_file_is_fine(memory: FakeMemory, tmp_path: Path) -> None:
     summary = run(write(tmp_path, "empty.jsonl", "\n\n"), memory)
     assert summary.turns_read == 0 and summary.files == 1
+
+
+def test_errors_name_the_keywords_and_no_flag(memory: FakeMemory, tmp_path: Path) -> None:
+    odd_log = write(tmp_path, "odd.jsonl", '{"speaker": "me", "words": "hello"}\n{"speaker": "me"}\n')
+    with pytest.raises(InvalidInput) as info:
+        ingest(odd_log, memory=memory, progress=False, text_field="words")
+    assert str(info.value).endswith("map the field with text_field=...; fix the record or pass skip_bad=True")
+    with pytest.raises(InvalidInput, match=r"^batch_size must be a positive integer, got 0$"):
+        ingest(odd_log, memory=memory, progress=False, batch_size=0)
+    with pytest.raises(InvalidInput, match=r"use format='auto' or format='conversation', not 'jsonl'$"):
+        ingest(odd_log, memory=memory, progress=False, format="jsonl", turns_field="x")

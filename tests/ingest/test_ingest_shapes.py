@@ -50,8 +50,9 @@ def test_a_conversation_per_line_with_its_own_turn_fields(memory, tmp_path):
 
 def test_a_text_field_that_holds_the_turns_is_a_bad_record_that_names_the_fix(memory, tmp_path):
     path = write_jsonl(tmp_path / "talks.jsonl", DIALOGUES)
-    with pytest.raises(InvalidInput, match=r"talks.jsonl:1: .*turns_field='dialogue' \(--turns-field dialogue\)"):
-        ingest(path, memory=memory, progress=False, text_field="dialogue")
+    with pytest.raises(InvalidInput, match=r"talks.jsonl:1: .*turns_field='dialogue' and their text field with "
+                                           r"text_field=\.\.\.; fix the record or pass skip_bad=True$"):
+        ingest(path, memory=memory, progress=False, text_field="dialogue")  # Python's spelling alone, no flags
     summary = ingest(path, memory=memory, progress=False, text_field="dialogue", skip_bad=True)
     assert summary.bad_records == 2 and summary.added == 0  # reported as bad, never skipped silently
 

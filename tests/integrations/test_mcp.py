@@ -27,18 +27,18 @@ CLI = str(Path(sys.executable).parent / "tiered-recall")
 TOOLS = {"add_memories", "search_memories", "get_memories", "delete_memories", "list_namespaces"}
 
 
-def server_params(store: Path) -> StdioServerParameters:
+def server_params(store: Path, *options: str) -> StdioServerParameters:
     """The server as an MCP client would start it, on a store of its own and without a hot tier (no sidecar to
     leave behind). The SDK passes on only a few environment variables by default; TIERED_RECALL_BIN_DIR and the
     like must reach the server too. COLUMNS: the server's log lines unwrapped, so that one can be looked for."""
-    return StdioServerParameters(command=CLI, args=["mcp", "--store", str(store), "--device", "none"],
+    return StdioServerParameters(command=CLI, args=["mcp", "--store", str(store), "--device", "none", *options],
                                  env={**os.environ, "COLUMNS": "500"})
 
 
 @asynccontextmanager
-async def session_on(store: Path, errlog):
+async def session_on(store: Path, errlog, *options: str):
     """A ClientSession over stdio after the initialize handshake (what today's MCP clients do)."""
-    async with stdio_client(server_params(store), errlog=errlog) as (read, write):
+    async with stdio_client(server_params(store, *options), errlog=errlog) as (read, write):
         async with ClientSession(read, write) as session:
             init = await session.initialize()
             assert init.server_info.name == "tiered-recall"
@@ -105,7 +105,7 @@ async def test_add_search_get_delete_and_list_namespaces(tmp_path):
     store = tmp_path / "store"
     log = tmp_path / "server.log"
     with open(log, "w") as errlog:
-        async with session_on(store, errlog) as session:
+        async with session_on(store, errlog, "--log-level", "info") as session:  # to see the store closed
             added = await ok(session, "add_memories", texts=["My cat is called Miso", "I work on churn metrics",
                                                              "I am allergic to peanuts"],
                              namespace="alice", role="user", session="s1", metadata={"source": "chat"})
@@ -177,7 +177,7 @@ async def test_errors_are_tool_errors_with_the_stores_message_and_the_server_kee
                 assert await refused(session, "search_memories", query="cat", k=k) == (
                     f"k must be an int in 1..256, got {k}")
             bad_where = await refused(session, "search_memories", query="cat", where="no_such_column = 1")
-            assert bad_where.startswith("where='no_such_column = 1' is not a valid LanceDB SQL filter"), bad_where
+            assert bad_where.startswith("the where filter 'no_such_column = 1' is not valid LanceDB SQL"), bad_where
             assert await refused(session, "search_memories", query="   ") == "the query is empty: search for some text"
             assert await refused(session, "add_memories", texts=[]) == (
                 "texts is empty: give at least one text to remember")
@@ -204,9 +204,26 @@ async def test_errors_are_tool_errors_with_the_stores_message_and_the_server_kee
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
+@pytest.mark.asyncio
+async def test_the_server_is_silent_on_stderr_by_default_and_logs_to_a_file_when_asked(tmp_path):
+    """A client shows a stdio server's stderr to its user: by default only warnings and errors go there."""
+    closed = f"closed the store at {(tmp_path / 'store').resolve()}"
+    for options, on_stderr in (((), False), (("--log-level", "info", "--log-file", str(tmp_path / "mcp.log")), False),
+                               (("--log-level", "info"), True)):
+        stderr = tmp_path / "stderr.log"
+        with open(stderr, "w") as errlog:
+            async with session_on(tmp_path / "store", errlog, *options) as session:
+                await ok(session, "add_memories", texts=["My cat is called Miso"], namespace="alice")
+                assert (await ok(session, "search_memories", query="cat", namespace="alice"))["hits"]
+                await refused(session, "get_memories", ids=["12345"])  # a tool error is the client's to show
+        assert (closed in stderr.read_text()) if on_stderr else stderr.read_text() == "", (options, stderr.read_text())
+    assert closed in (tmp_path / "mcp.log").read_text()
+
+
 def test_sigterm_closes_the_store_and_exits(tmp_path):
     store = tmp_path / "store"
-    proc = subprocess.Popen([CLI, "mcp", "--store", str(store), "--device", "none"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([CLI, "mcp", "--store", str(store), "--device", "none", "--log-level", "info"],
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLUMNS": "500"})
     try:
@@ -230,7 +247,8 @@ def test_the_command_has_help_and_names_the_extra_when_mcp_is_missing(tmp_path, 
     runner = CliRunner()
     shown = runner.invoke(app, ["mcp", "--help"])
     assert shown.exit_code == 0
-    for words in ("MCP client", "--store FOLDER", "--device", "--embedder NAME", "docs/integrations/mcp.md"):
+    for words in ("MCP client", "--store FOLDER", "--device", "--embedder NAME", "docs/integrations/mcp.md",
+                  "--log-level", "--log-file FILE"):
         assert words in shown.stdout, words
     assert "<path>" not in shown.stdout and "<str>" not in shown.stdout
 

@@ -14,10 +14,11 @@ from tiered_recall.hot import sidecar_args, sidecar_executable, start_sidecar
 
 DEFAULTS = {
     "name": None, "dim": None, "capacity": None, "dtype": "f32", "backend": "cpu", "slots": 32, "slot_bytes": None,
-    "namespaces": None, "threads": None, "device": 0, "idle_spin_us": 2000, "gather_us": 25,
+    "namespaces": None, "threads": None, "device": 0, "codes": "int8", "codes_min_rows": None, "idle_spin_us": 2000,
+    "gather_us": 25,
     "exit_when_orphaned": 0, "verbose": False, "daemon": False, "ready_fd": None, "cuda_persist": True,
     "cuda_one_trip_max_rows": 131072, "cuda_split_max_rows": None, "cuda_verbose": False, "cuda_profile": False,
-    "test_poison_results": False, "test_no_zero_copy": False, "test_batched_server": False,
+    "test_poison_results": False, "test_no_zero_copy": False, "test_cpu_isa": "auto", "test_batched_server": False,
 }
 
 
@@ -49,6 +50,10 @@ def test_print_config_prints_the_defaults_as_json():
     (["--test-no-zero-copy"], "test_no_zero_copy", True),
     (["--test-batched-server"], "test_batched_server", True),
     (["--dtype", "float16"], "dtype", "f16"),
+    (["--codes", "off"], "codes", "off"),
+    (["--codes", "int8"], "codes", "int8"),
+    (["--codes-min-rows", "0"], "codes_min_rows", 0),
+    (["--test-cpu-isa", "scalar"], "test_cpu_isa", "scalar"),
     (["--slots", "7"], "slots", 7),
     (["--ready-fd", "3"], "ready_fd", 3),
     (["--name", 'odd "name" \\'], "name", 'odd "name" \\'),  # JSON escaping
@@ -77,6 +82,10 @@ def test_print_config_comes_after_the_other_flags():
     (["--dim", "x"], "--dim"),
     (["--dtype", "f64"], "--dtype"),
     (["--backend", "tpu"], "--backend"),
+    (["--codes", "int4"], "--codes"),
+    (["--codes", ""], "--codes"),
+    (["--codes-min-rows", "-5"], "--codes-min-rows"),
+    (["--test-cpu-isa", "sse2"], "--test-cpu-isa"),
     (["--no-such-flag"], "--no-such-flag"),
     (["--cuda-fuse-max", "2"], "--cuda-fuse-max"),  # a switch that was deleted is refused like any unknown flag
     (["--gather-us"], "--gather-us"),              # no value
@@ -106,13 +115,15 @@ def test_help_lists_every_flag_with_its_default():
 def test_sidecar_args_keywords_reach_the_flags():
     args = sidecar_args("opts", dim=8, capacity=10, gather_us=7, idle_spin_us=300, cuda_persist=False,
                         cuda_one_trip_max_rows=1000, cuda_split_max_rows=0, cuda_verbose=True, cuda_profile=True,
+                        codes="off", codes_min_rows=64, test_cpu_isa="avx2",
                         test_poison_results=True, test_no_zero_copy=True, test_batched_server=True)
     out = subprocess.run(args + ["--print-config"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     want = {**DEFAULTS, "name": "opts", "dim": 8, "capacity": 10, "gather_us": 7, "idle_spin_us": 300,
             "cuda_persist": False, "cuda_one_trip_max_rows": 1000, "cuda_split_max_rows": 0, "cuda_verbose": True,
-            "cuda_profile": True, "test_poison_results": True, "test_no_zero_copy": True, "test_batched_server": True}
+            "cuda_profile": True, "codes": "off", "codes_min_rows": 64, "test_cpu_isa": "avx2",
+            "test_poison_results": True, "test_no_zero_copy": True, "test_batched_server": True}
     assert got == want
     plain = json.loads(subprocess.run(sidecar_args("opts", dim=8, capacity=10) + ["--print-config"],
                                       capture_output=True, text=True, timeout=30, check=True).stdout)
@@ -121,7 +132,8 @@ def test_sidecar_args_keywords_reach_the_flags():
 
 @pytest.mark.parametrize("kwargs", [
     dict(gather_us=-1), dict(gather_us=2.5), dict(gather_us=True), dict(cuda_persist="off"),
-    dict(cuda_split_max_rows=-5), dict(idle_spin_us="5"),
+    dict(cuda_split_max_rows=-5), dict(idle_spin_us="5"), dict(codes="int4"), dict(codes=True),
+    dict(codes_min_rows=-1), dict(test_cpu_isa="sse2"),
 ])
 def test_sidecar_args_refuses_bad_keywords(kwargs):
     with pytest.raises(InvalidInput):
@@ -143,3 +155,29 @@ def test_a_wrapper_runs_the_sidecar(start):
     hot.ping()
     hot.close()
     assert proc.stop() == 0
+
+
+def test_codes_int8_with_f32_rows_on_cuda_is_refused_with_the_fix():
+    """The CUDA backend re-scores its candidates with the f16 scan's tensor-core arithmetic: codes need f16 rows
+    there, and its f32 rows default to codes off."""
+    if "cuda" not in run("--backends").stdout.split():
+        pytest.skip("this build has no CUDA backend")
+    assert config("--backend", "cuda", "--dtype", "f32")["codes"] == "off"
+    assert config("--backend", "cuda")["codes"] == "int8"
+    out = run("--backend", "cuda", "--dtype", "f32", "--codes", "int8", "--print-config")
+    assert out.returncode == 2 and "--codes int8 needs --dtype f16" in out.stderr and "--codes off" in out.stderr
+
+
+def test_an_instruction_set_the_cpu_lacks_is_refused_at_start(segment_name):
+    """--test-cpu-isa names the scan's kernel; asking for one this CPU does not have fails the start, saying so."""
+    from pathlib import Path
+
+    from tiered_recall.errors import SidecarUnavailable
+
+    flags = Path("/proc/cpuinfo").read_text().split()
+    missing = next((isa for isa, flag in (("avx512-vnni", "avx512_vnni"), ("avx-vnni", "avx_vnni"), ("avx2", "avx2"))
+                    if flag not in flags), None)
+    if missing is None:
+        pytest.skip("this CPU has every instruction set the scan can use")
+    with pytest.raises(SidecarUnavailable, match=f"--test-cpu-isa {missing}"):
+        start_sidecar(segment_name, dim=8, capacity=10, test_cpu_isa=missing)

@@ -4,9 +4,7 @@ from __future__ import annotations
 import enum
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -16,6 +14,7 @@ import typer.core
 
 from .. import __version__
 from ..errors import TieredRecallError
+from .interrupts import INTERRUPTED_EXIT_CODE, StopOnCtrlC
 from .output import console, export_line, fail, hits_table, note, print_json, record, say
 
 app = typer.Typer(
@@ -41,7 +40,11 @@ class PlainHelp(typer.core.TyperCommand):
 
 
 # How TieredMemory's messages name its options when this command line opened it.
-OPTION_FLAGS = {"device": "--device", "hot_capacity": "--hot-capacity", "read_only": "--read-only"}
+OPTION_FLAGS = {"path": "--store", "device": "--device", "hot_capacity": "--hot-capacity", "read_only": "--read-only"}
+# How ingest's messages name its options here: each keyword's flag.
+INGEST_FLAGS = {name: "--" + name.replace("_", "-") for name in (
+    "format", "namespace", "turns_field", "role_field", "text_field", "session_field", "time_field", "keep_system",
+    "template", "context_turns", "batch_size", "skip_bad")}
 
 
 class PresetName(str, enum.Enum):
@@ -60,6 +63,15 @@ class Device(str, enum.Enum):
     none = "none"
 
 
+class LogLevel(str, enum.Enum):
+    """mcp --log-level: the least severe log line the server writes."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 class Format(str, enum.Enum):
     """--format: the conversation formats ingest reads (docs/cli.md)."""
 
@@ -68,6 +80,8 @@ class Format(str, enum.Enum):
     openai = "openai"
     sharegpt = "sharegpt"
     locomo = "locomo"
+    chatgpt = "chatgpt"
+    claude = "claude"
     conversation = "conversation"
 
 
@@ -78,11 +92,13 @@ DEVICE = typer.Option(Device.auto, "--device", help="Hot tier: auto (CUDA where 
 EMBEDDER = typer.Option(None, "--embedder", metavar="NAME",
                         help="The preset's by default (an existing store keeps its own); or e5, wordllama, "
                              "wordllama:128, wordllama:64, minilm.")
-PRESET = typer.Option(None, "--preset", help="quality (default: E5, BM25 fusion, neighbouring turns) or fast "
+PRESET = typer.Option(None, "--preset", help="quality (default: E5, keyword match, neighbouring turns) or fast "
                       "(WordLlama, microsecond embedding); an existing store keeps the one it was made with.")
 HOT_CAPACITY = typer.Option(None, "--hot-capacity", metavar="ROWS", help="Rows in the hot tier when this command "
                             "starts its sidecar (default 100,000; a running one keeps its own).")
 NAMESPACE = typer.Option(None, "--namespace", "-n", metavar="NAME", help="Only this namespace.")
+READ_ONLY = typer.Option(False, "--read-only", help="Open the store for reading only (chosen by itself, with a note, "
+                         "where the folder cannot be written).")
 
 
 def _version(value: bool) -> None:
@@ -97,8 +113,16 @@ def main_options(version: bool = typer.Option(False, "--version", callback=_vers
     """A two-tier memory store for LLM agents: a hot tier in a GPU/CPU sidecar over LanceDB on disk."""
 
 
+def _check_namespace(namespace: str | None) -> None:
+    """-n as this command line spells it, checked before the store opens (TieredMemory's message names its keyword)."""
+    if namespace == "":
+        fail("-n/--namespace must be a non-empty name, e.g. -n alice")
+
+
 def _open(store: Path | None, device: Device, embedder: str | None, preset: "PresetName | None",
           hot_capacity: int | None = None, read_only: bool | None = None):
+    if hot_capacity is not None and hot_capacity < 1:
+        fail(f"--hot-capacity must be a positive number of rows, got {hot_capacity}")
     from ..coordinator import PRESET_EMBEDDER, TieredMemory
 
     return TieredMemory(store, device=device.value, embedder=PRESET_EMBEDDER if embedder is None else embedder,
@@ -127,6 +151,9 @@ def add(
         fail(f"--metadata is not valid JSON: {error}")
     if meta is not None and not isinstance(meta, dict):
         fail("--metadata must be a JSON object, e.g. '{\"source\": \"chat\"}'")
+    if ids and len(ids) != len(texts):
+        fail(f"--id is given once per text: {len(texts)} text(s) but {len(ids)} --id")
+    _check_namespace(namespace)
     try:
         with _open(store, device, embedder, preset, hot_capacity) as memory:
             added = memory.add(list(texts), namespace=namespace, session=session, role=role, metadata=meta,
@@ -145,16 +172,22 @@ def search(
     where: Optional[str] = typer.Option(None, metavar="SQL", help="A filter, e.g. \"role = 'user'\"."),
     hybrid: bool = typer.Option(False, "--hybrid", help="The cold tier's own BM25 fusion at equal weight, instead of "
                                 "the preset's stages."),
-    stages: bool = typer.Option(True, "--stages/--no-stages", help="Run the preset's retrieval stages (BM25 fusion, "
+    stages: bool = typer.Option(True, "--stages/--no-stages", help="Run the preset's retrieval stages (keyword match, "
                                 "neighbouring turns, temporal cues; docs/recall.md), or the vector search alone."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
     preset: Optional[PresetName] = PRESET,
     hot_capacity: Optional[int] = HOT_CAPACITY,
-    read_only: bool = typer.Option(False, "--read-only", help="Open the store for search only (chosen by itself, "
-                                   "with a note, where the folder cannot be written)."),
+    read_only: bool = READ_ONLY,
 ) -> None:
     """Search memories: rank, score, tier (hot or cold), role, text and age of each hit."""
+    from ..coordinator.validate import MAX_K
+
+    if not 1 <= k <= MAX_K:
+        fail(f"-k must be from 1 to {MAX_K}, got {k}")
+    if where is not None and not where.strip():
+        fail("--where must be a SQL filter, e.g. --where \"role = 'user'\"")
+    _check_namespace(namespace)
     try:
         with _open(store, device, embedder, preset, hot_capacity, True if read_only else None) as memory:
             report = memory.search(query, k=k, namespace=namespace, where=where, hybrid=hybrid,
@@ -175,11 +208,11 @@ def search(
 def get(
     ids: List[int] = typer.Argument(..., metavar="ID", help="Memory ids."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
-    preset: Optional[PresetName] = PRESET,
+    preset: Optional[PresetName] = PRESET, read_only: bool = READ_ONLY,
 ) -> None:
     """Print memories by id, as JSON (exit code 1 when an id is not found)."""
     try:
-        with _open(store, device, embedder, preset) as memory:
+        with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory:
             found = memory.get(list(ids))
     except TieredRecallError as error:
         fail(error)
@@ -208,14 +241,14 @@ def delete(
 def list_namespaces(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
-    preset: Optional[PresetName] = PRESET,
+    preset: Optional[PresetName] = PRESET, read_only: bool = READ_ONLY,
 ) -> None:
     """The store's namespaces: memories in each, and how many the hot tier holds now."""
     from rich.table import Table
     from rich.text import Text
 
     try:
-        with _open(store, device, embedder, preset) as memory:
+        with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory:
             found = memory.namespaces()
     except TieredRecallError as error:
         fail(error)
@@ -237,12 +270,13 @@ def export(
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                           help="Write here instead of to stdout."),
     store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
-    preset: Optional[PresetName] = PRESET,
+    preset: Optional[PresetName] = PRESET, read_only: bool = READ_ONLY,
 ) -> None:
     """Every memory as JSON Lines, oldest first: `tiered-recall ingest` reads it back to the same memories (ids,
     namespaces, texts, roles, sessions, times, metadata)."""
+    _check_namespace(namespace)
     try:
-        with _open(store, device, embedder, preset) as memory, (
+        with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory, (
                 open(output, "w", encoding="utf-8") if output else _stdout()) as out:
             written = 0
             for m in memory.memories(namespace):
@@ -293,40 +327,36 @@ def ingest(
 ) -> None:
     """Ingest conversation logs; safe to run again (nothing is added twice) and to stop: Ctrl-C stops at the next
     batch boundary, and running the same command again resumes."""
+    _check_namespace(namespace)
     from ..ingest import IngestInterrupted
     from ..ingest import ingest as run_ingest
+    from ..ingest.sources import expand_sources
 
-    stopping = threading.Event()
+    try:
+        expand_sources(paths)  # a missing file is reported before the store and its embedder load
+    except TieredRecallError as error:
+        fail(error)
 
-    def on_sigint(signum, frame) -> None:
-        if stopping.is_set():
-            raise KeyboardInterrupt  # a second Ctrl-C: now
-        stopping.set()
-        note("stopping after the batch being written (Ctrl-C again stops at once)...")
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    ctrl_c = StopOnCtrlC(first_note="stopping after the batch being written (Ctrl-C again stops at once)...",
+                         second_note="interrupted at once: every batch written before is stored, the one being written "
+                                     "is stored whole or not at all; run the same command again to resume (nothing is "
+                                     "stored twice)")
     summary = None
     try:
-        with _open(store, device, embedder, preset, hot_capacity) as memory:
+        with ctrl_c, _open(store, device, embedder, preset, hot_capacity) as memory:
             summary = run_ingest(paths, memory=memory, format=format.value, namespace=namespace,
                                  turns_field=turns_field, role_field=role_field, text_field=text_field,
                                  session_field=session_field, time_field=time_field, keep_system=keep_system,
                                  template=template, context_turns=context_turns, batch_size=batch_size,
                                  skip_bad=skip_bad, progress=False if quiet or as_json else None,
-                                 stop=stopping.is_set)
+                                 stop=ctrl_c.stopping.is_set, option_names=INGEST_FLAGS)
     except IngestInterrupted as stop:
         s = stop.summary
         note(f"interrupted: {s.added + s.updated + s.unchanged} turns stored or confirmed (added {s.added}, updated "
              f"{s.updated}) of {s.turns_read} read; run the same command again to resume (nothing is stored twice)")
-        raise typer.Exit(code=130)
-    except KeyboardInterrupt:
-        note("interrupted: the batches written so far are stored; run the same command again to resume "
-             "(nothing is stored twice)")
-        raise typer.Exit(code=130)
+        raise typer.Exit(code=INTERRUPTED_EXIT_CODE)
     except TieredRecallError as error:
         fail(error)
-    finally:
-        signal.signal(signal.SIGINT, previous)
     if as_json:
         sys.stdout.write(summary.to_json() + "\n")
     else:
@@ -335,10 +365,10 @@ def ingest(
 
 @app.command(cls=PlainHelp)
 def stats(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
-          preset: Optional[PresetName] = PRESET) -> None:
+          preset: Optional[PresetName] = PRESET, read_only: bool = READ_ONLY) -> None:
     """Rows per tier, namespaces and the sidecar's counters, as JSON."""
     try:
-        with _open(store, device, embedder, preset) as memory:
+        with _open(store, device, embedder, preset, read_only=True if read_only else None) as memory:
             print_json(memory.stats())
     except TieredRecallError as error:
         fail(error)
@@ -403,7 +433,12 @@ def demo(
 @app.command(name="mcp", cls=PlainHelp)
 def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder: Optional[str] = EMBEDDER,
                preset: Optional[PresetName] = PRESET,
-               hot_capacity: Optional[int] = HOT_CAPACITY) -> None:
+               hot_capacity: Optional[int] = HOT_CAPACITY,
+               log_level: LogLevel = typer.Option(LogLevel.warning, "--log-level", help="The least severe log line "
+                                                  "written (on stderr, which a client shows its user; info adds a "
+                                                  "line per request)."),
+               log_file: Optional[Path] = typer.Option(None, "--log-file", metavar="FILE", help="Write the log "
+                                                       "here instead of on stderr.")) -> None:
     """Serve the store to an MCP client (Claude Desktop, an IDE, an agent) over stdin and stdout until the client
     closes it: tools to add, search, get and delete memories and to list namespaces (docs/integrations/mcp.md)."""
     try:
@@ -416,7 +451,7 @@ def mcp_server(store: Optional[Path] = STORE, device: Device = DEVICE, embedder:
         memory = _open(store, device, embedder, preset, hot_capacity)  # opened first: a bad option is a plain error here
     except TieredRecallError as error:
         fail(error)
-    serve(memory)  # closes the store when the client goes
+    serve(memory, log_level=log_level.value.upper(), log_file=log_file)  # closes the store when the client goes
 
 
 @app.command(name="http", cls=PlainHelp)

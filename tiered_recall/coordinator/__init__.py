@@ -1,20 +1,23 @@
 """The coordinator: TieredMemory, a facade over its parts (search and planner, link, placement, validate, records,
 store_folder, expiry), which answers from the hot tier when a skip rule proves it may, else merges in the cold tier;
-AsyncTieredMemory, the same store for asyncio (imported when first asked for: asyncio is not free to import)."""
+AsyncTieredMemory, the same store for asyncio. Each is imported when first asked for, so that a command line that
+only checks its arguments (coordinator.validate) loads neither tier."""
 from __future__ import annotations
 
-from .memory import TieredMemory
-from .presets import DEFAULT_PRESET, PRESET_EMBEDDER, PRESETS, Preset
-from .records import Hit, Memory, SearchReport
-from .stages import Stages
+import importlib
+
+_WHERE = {"TieredMemory": ".memory", "AsyncTieredMemory": ".async_memory", "Hit": ".records", "Memory": ".records",
+          "SearchReport": ".records", "Preset": ".presets", "PRESETS": ".presets", "DEFAULT_PRESET": ".presets",
+          "PRESET_EMBEDDER": ".presets", "Stages": ".stages"}
 
 __all__ = ["TieredMemory", "AsyncTieredMemory", "Hit", "Memory", "SearchReport", "Preset", "PRESETS", "DEFAULT_PRESET",
            "PRESET_EMBEDDER", "Stages"]
 
 
 def __getattr__(name: str):
-    if name == "AsyncTieredMemory":
-        from .async_memory import AsyncTieredMemory
-
-        return AsyncTieredMemory
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # found once: later reads take it from the module's namespace
+    return value

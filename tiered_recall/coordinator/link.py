@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InvalidInput, SidecarUnavailable, TieredRecallError
 from ..namespaces import namespace_hash
+from ..spelling import option_set
 from ..hot import HotTier, sidecar_args, sidecar_executable, start_sidecar
 from ..sync import HotCertificates, LoggedWrites, StoreWriteLock, exclusive, repair, slot_of
 from .placement import Placement, publish_totals
@@ -71,8 +72,8 @@ def require_cuda(option: str) -> None:
         why = "no GPU is visible (nvidia-smi sees none)"
     else:
         return
-    raise InvalidInput(f"{option}='cuda' but {why}: use {option}='auto' to fall back to the CPU hot tier, "
-                       f"or {option}='cpu'")
+    raise InvalidInput(f"{option_set(option, 'cuda')} but {why}: use {option_set(option, 'auto')} to fall back to "
+                       f"the CPU hot tier, or {option_set(option, 'cpu')}")
 
 
 def serve_command(name: str, **options) -> list[str]:
@@ -98,8 +99,9 @@ class HotLink:
 
     def __init__(self, path: Path, *, dim: int, device: str, capacity: int, requested_capacity: int | None,
                  timeout_s: float, orphan_grace_s: float, cold, placement: Placement, write_lock: StoreWriteLock,
-                 cache, moves: Counter, option, idle_spin_us: int | None = None) -> None:
+                 cache, moves: Counter, option, idle_spin_us: int | None = None, codes: str | None = None) -> None:
         self.path, self.dim, self.device = path, dim, device
+        self.codes = codes  # for a sidecar this process starts ("int8", "off"); None: the sidecar's default
         self.idle_spin_us = idle_spin_us  # for a sidecar this process starts; None: the sidecar's default
         self.capacity, self.requested_capacity = capacity, requested_capacity
         self.timeout_s, self.orphan_grace_s = timeout_s, orphan_grace_s
@@ -163,7 +165,7 @@ class HotLink:
                 try:
                     start_sidecar(self.sidecar_name, dim=self.dim, capacity=self.capacity,
                                   backend=backend_for(self.device), exit_when_orphaned_s=self.orphan_grace_s,
-                                  idle_spin_us=self.idle_spin_us, detach=True)
+                                  idle_spin_us=self.idle_spin_us, codes=self.codes, detach=True)
                 except SidecarUnavailable as exc:
                     self.start_failed = str(exc)
                     raise
@@ -185,11 +187,15 @@ class HotLink:
     def _check_joined(self, hot: HotTier) -> None:
         """A sidecar another process started serves this store: say where it differs from what was asked."""
         if self.requested_capacity is not None and hot.capacity != self.requested_capacity:
-            self.warn(f"{self.option('hot_capacity')}={self.requested_capacity} was asked, but the store's running "
+            self.warn(f"{option_set(self.option('hot_capacity'), self.requested_capacity)} was asked, but the store's running "
                       f"sidecar (pid {hot.owner_pid}) holds {hot.capacity} rows; it keeps its size until every "
                       "process has closed the store")
+        if self.codes is not None and hot.codes != self.codes:
+            self.warn(f"{self.option('codes')}={self.codes!r} was asked, but the store's running sidecar (pid "
+                      f"{hot.owner_pid}) keeps codes {hot.codes!r}; it keeps them until every process has closed the "
+                      "store")
         if self.device in ("cpu", "cuda") and hot.backend != self.device:
-            self.warn(f"{self.option('device')}={self.device!r} was asked, but the store's running sidecar (pid "
+            self.warn(f"{option_set(self.option('device'), self.device)} was asked, but the store's running sidecar (pid "
                       f"{hot.owner_pid}) serves from the {hot.backend}; it keeps it until every process has closed "
                       "the store")
 

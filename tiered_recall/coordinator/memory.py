@@ -16,9 +16,11 @@ import numpy as np
 
 from ..embedders import E5Embedder, Embedder, resolve_embedder, spec_of_stored_name
 from ..errors import InvalidInput, ReadOnlyStore, SidecarUnavailable
+from ..hot import code_bytes_a_row
 from ..namespaces import namespace_hash, select_namespaces
 from ..policies import Policy, resolve_policy
 from ..scoring import Scoring
+from ..spelling import option_set
 from ..sync import Rows, StoreWriteLock, encode_metadata
 from . import validate as check
 from .expiry import DEFAULT_SWEEP_S, ExpirySweeper, refreshed, sweep_expired
@@ -54,7 +56,7 @@ class TieredMemory:
                  read_only=None)
 
     path: folder of the store (created with mode 0700); None: the user's own store (default_store_path()).
-    preset: "quality" (the default: E5 embeddings, BM25 fusion, neighbouring turns) or "fast" (WordLlama, the same
+    preset: "quality" (the default: E5 embeddings, keyword match, neighbouring turns) or "fast" (WordLlama, the same
     stages), a tiered_recall.Preset, or None (a store's recorded embedder picks its preset, else "quality");
     docs/recall.md gives their recall and latency. dim: vector width; taken from the embedder or the existing store
     when None. embedder: the preset's by default (for an existing store, the one it was made with), or "e5",
@@ -62,7 +64,10 @@ class TieredMemory:
     None to add and search raw vectors only.
     hot_capacity: rows the hot tier keeps (None: the running sidecar's, or 100,000 when this process starts it; a
     value that differs from a running sidecar's is logged and reported in stats()["hot_warnings"]);
-    hot_capacity_bytes: the same as a byte budget (vector + 24 bytes a row; overrides hot_capacity). policy: "lru",
+    hot_capacity_bytes: the same as a byte budget (a row's vector, 24 bytes and, unless codes="off", its 8-bit codes;
+    overrides hot_capacity). codes: "int8" (each hot row also kept as 8-bit codes that a search scans first, re-scoring
+    from the rows only what can reach the top k: exact, faster on large tiers, docs/tuning.md), "off", or None (the
+    sidecar's default, int8) for a sidecar this process starts. policy: "lru",
     "lfu", "recency", "namespace" (whole namespaces kept hot, for rule 1) or a tiered_recall.policies Policy
     (pinning included): which rows stay hot; evicted rows stay in the cold tier.
     device: "auto" (CUDA when a GPU and the CUDA build are present, else CPU; a hot tier that cannot start is
@@ -84,7 +89,8 @@ class TieredMemory:
                  policy: str | Policy | None = "lru", hot_capacity_bytes: int | None = None,
                  rules: Sequence[str] = ("complete", "bound"), confidence: float | None = None,
                  scoring: Scoring | None = None, read_only: bool | None = None,
-                 ttl_sweep_s: float = DEFAULT_SWEEP_S, option_names: dict[str, str] | None = None) -> None:
+                 ttl_sweep_s: float = DEFAULT_SWEEP_S, codes: str | None = None,
+                 option_names: dict[str, str] | None = None) -> None:
         from ..storage import ColdStore  # lancedb is imported here, not at package import
 
         self._option_names = {**API_OPTION_NAMES, **(option_names or {})}
@@ -98,6 +104,9 @@ class TieredMemory:
         timeout_s, orphan_grace_s = check.seconds(timeout_s, "timeout_s"), check.seconds(orphan_grace_s,
                                                                                         "orphan_grace_s")
         ttl_sweep_s = check.seconds(ttl_sweep_s, "ttl_sweep_s")
+        if codes not in (None, "int8", "off"):
+            raise InvalidInput(f"{self._opt('codes')} must be 'int8' (8-bit codes beside the hot rows, scanned first; "
+                               f"exact answers), 'off' or None (the sidecar's default), got {codes!r}")
         self.rules, self.confidence = check.rules_and_confidence(rules, confidence)
         if scoring is not None and not isinstance(scoring, Scoring):
             raise InvalidInput("scoring must be a tiered_recall.scoring.Scoring or None")
@@ -107,7 +116,7 @@ class TieredMemory:
         self.read_only = settle_read_only(self.path, read_only, self._opt)
         if self.read_only and device in ("cpu", "cuda"):
             raise InvalidInput(f"the store at {self.path} is read-only, and a read-only store has no hot tier: "
-                               f"open it with {self._opt('device')}='none' (or 'auto'), or writable")
+                               f"open it with {option_set(self._opt('device'), 'none')} (or auto), or writable")
         stored = stored_embedder_name(self.path)
         stored_spec = spec_of_stored_name(stored) if stored else None
         self.preset = resolve_preset(preset if preset is not None or stored is None else
@@ -120,8 +129,10 @@ class TieredMemory:
         if self.device == "cuda":
             require_cuda(self._opt("device"))
         if hot_bytes is not None:
-            elem = 2 if backend_for(self.device) == "cuda" else 4  # the sidecar keeps f16 on CUDA, f32 on CPU
-            requested = max(1, hot_bytes // (self.dim * elem + _ROW_OVERHEAD_BYTES))
+            backend = backend_for(self.device)
+            elem = 2 if backend == "cuda" else 4  # the sidecar keeps f16 on CUDA, f32 on CPU
+            row = self.dim * elem + _ROW_OVERHEAD_BYTES + (0 if codes == "off" else code_bytes_a_row(self.dim, backend))
+            requested = max(1, hot_bytes // row)
         self.hot_capacity = requested or DEFAULT_HOT_CAPACITY
         self.cold = ColdStore(self.path / COLD_FOLDER, dim=self.dim, read_only=self.read_only)
         self._lock = threading.RLock()
@@ -133,7 +144,7 @@ class TieredMemory:
         self._link = HotLink(self.path, dim=self.dim, device=self.device, capacity=self.hot_capacity,
                              requested_capacity=requested, timeout_s=timeout_s, orphan_grace_s=orphan_grace_s,
                              cold=self.cold, placement=self._placement, write_lock=self._write_lock,
-                             cache=self._cache, moves=self._moves, option=self._opt,
+                             cache=self._cache, moves=self._moves, option=self._opt, codes=codes,
                              idle_spin_us=SIDECAR_SPIN_BESIDE_E5_US if isinstance(self.embedder, E5Embedder) else None)
         self.sidecar_name = self._link.sidecar_name
         self._closed = False
@@ -162,9 +173,9 @@ class TieredMemory:
                 time.sleep(0.5)
                 self._link.ensure()
             if self.device in ("cpu", "cuda") and self._link.hot is None and self._link.start_failed:
-                raise SidecarUnavailable(f"the hot tier ({self._opt('device')}={self.device!r}) could not start: "
-                                         f"{self._link.error}; open the store with {self._opt('device')}='auto' to "
-                                         "go on without it, or 'none'")
+                raise SidecarUnavailable(f"the hot tier ({option_set(self._opt('device'), self.device)}) could not "
+                                         f"start: {self._link.error}; open the store with "
+                                         f"{option_set(self._opt('device'), 'auto')} to go on without it, or none")
         except BaseException:
             self._link.close()
             self.cold.close()
@@ -291,8 +302,9 @@ class TieredMemory:
 
     def _check_writable(self) -> None:
         if self.read_only:
-            raise ReadOnlyStore(f"the store at {self.path} is open read-only ({self._opt('read_only')}=True, or its "
-                                "folder cannot be written): open it writable to add or delete")
+            raise ReadOnlyStore(f"the store at {self.path} is open read-only "
+                                f"({option_set(self._opt('read_only'), True)}, or its folder cannot be written): open "
+                                "it writable to add or delete")
 
     def pin(self, *, namespace: str | None = None, ids: Sequence[int] | None = None) -> None:
         """Pins a namespace and/or ids: loaded into the hot tier now and never evicted by the policy."""
@@ -408,7 +420,7 @@ class TieredMemory:
         rule that decided, scores behind it) instead of the hits. hybrid=True (text queries only): BM25 over the
         memory texts fused with the vector ranking (reciprocal-rank fusion) by the cold tier, which holds the text
         index; hits come in fused order with their cosine scores, tier "cold", rule "hybrid"; the store's Scoring
-        is not applied. stages (text queries): None runs the preset's retrieval stages (BM25 fusion, neighbouring
+        is not applied. stages (text queries): None runs the preset's retrieval stages (keyword match, neighbouring
         turns, temporal cues; docs/recall.md) over an exact pool of candidates, False the vector search alone, a
         Stages those stages; a staged hit's score is the stages' score (best 1), not a cosine. refresh_ttl=True
         starts the time to live of every hit that has one again from now.

@@ -1,5 +1,6 @@
 """The named retrieval presets: an embedder, how ingest writes turns for it, and the stages a text search runs,
-chosen together on the LoCoMo dev split (docs/recall.md has the figures behind each choice)."""
+chosen together on the LoCoMo dev split and the tune half of the chats set in benchmarks/data/chats (docs/recall.md
+has the figures behind each choice)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,11 +24,12 @@ PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
         Preset("quality", "e5",
-               Stages(bm25_weight=0.3, neighbour_weight=0.3, temporal_weight=0.1, pool=50),
-               "multilingual-e5-small (int8 on the CPU, float16 on a GPU) with BM25 fusion and neighbouring turns"),
+               Stages(keyword_weight=0.8, neighbour_weight=0.5, temporal_weight=0.1, pool=64),
+               "multilingual-e5-small (int8 on the CPU, float16 on a GPU) with keyword match and neighbouring turns"),
+        # A static embedder ranks less surely than E5, so the question's words weigh more beside it.
         Preset("fast", "wordllama",
-               Stages(bm25_weight=1.0, neighbour_weight=0.4, temporal_weight=0.1, pool=50, depth=100),
-               "WordLlama static embeddings (microseconds a query) with BM25 fusion and neighbouring turns"),
+               Stages(keyword_weight=1.6, neighbour_weight=0.5, temporal_weight=0.1, pool=64),
+               "WordLlama static embeddings (microseconds a query) with keyword match and neighbouring turns"),
     )
 }
 DEFAULT_PRESET = "quality"

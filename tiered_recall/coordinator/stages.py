@@ -1,9 +1,13 @@
 """Retrieval stages after the exact search: a pool of the best candidates (by vector, or by BM25 fused with the
-vector ranking) is re-ranked by its neighbouring turns, by temporal cues, and spread across sessions.
+vector ranking) is re-ranked by the question's words it contains, by its neighbouring turns, by temporal cues, and
+spread across sessions.
 
-Every stage scores only what is in the pool, and the pool is itself an exact answer (the skip rules hold for the
-vector ranking, the cold tier's BM25 index is exact), so the re-ranked answer is the same whichever tier served it
-(docs/recall.md)."""
+Each stage weighs evidence it can check in the pool at query time, so that it helps on conversations of any shape
+and stands aside where its evidence is missing: a word counts by how rare it is among the pooled turns (a word every
+turn shares counts for little), a turn is lifted only by a neighbour that matches the question better than it does,
+a time named in a turn counts only for a question that asks when. Every stage scores only what is in the pool, and
+the pool is itself an exact answer (the skip rules hold for the vector ranking, the cold tier's BM25 index is
+exact), so the re-ranked answer is the same whichever tier served it (docs/recall.md)."""
 from __future__ import annotations
 
 import functools
@@ -16,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import InvalidInput
+from ..text_terms import tokenize
 
 TURN_INDEX_KEY = "turn_index"  # metadata that ingest writes: a turn's place in its conversation
 CONVERSATION_KEY = "conversation_key"
@@ -33,15 +38,26 @@ _TIME_WORDS = re.compile(
     r"wednesday|thursday)|next (week|month|year)|ago|recently|this (week|weekend|month|year)|monday|tuesday|wednesday|"
     r"thursday|friday|saturday|sunday|january|february|march|april|may|june|july|august|september|october|november|"
     r"december|(19|20)\d\d)\b", re.I)
+# Words that say what kind of answer a question wants, not what it is about: the keyword match leaves them out (the
+# BM25 index keeps them, as they may be content in a memory).
+_QUESTION_WORDS = frozenset(tokenize(
+    "what when where which who whom whose why how much many long often ever was were has have had can could would "
+    "should kind sort"))
 
 
 @dataclass(frozen=True)
 class Stages:
-    """Which stages a text search runs, and their weights (tuned on the LoCoMo dev split: docs/recall.md).
+    """Which stages a text search runs, and their weights (the presets' were tuned on the LoCoMo dev split and the
+    tune half of benchmarks/data/chats: docs/recall.md).
 
-    bm25_weight: the BM25 ranking's weight in reciprocal-rank fusion with the vector ranking; None: vector only.
-    neighbour_weight: a candidate gains this share of the best score among its pooled neighbours (the turns just
-        before and after it in its conversation, from ingest's turn_index); 0: off.
+    bm25_weight: the BM25 ranking's weight in reciprocal-rank fusion with the vector ranking; None: vector only, as
+        in the presets (fusion by rank lifts a turn that shares one common word with the question as much as one
+        that holds all its words; keyword_weight weighs the words instead).
+    keyword_weight: a candidate gains this weight times the share of the question's words it contains, each word
+        weighing its inverse document frequency among the pooled turns (question words such as "when" left out).
+    neighbour_weight: a candidate whose pooled neighbour (the turn just before or after it in its conversation, from
+        ingest's turn_index) scores higher gains this share of the difference; never more than that neighbour's
+        score, so the stage does not lift a turn past the one that lifted it. 0: off; at most 1.
     temporal_weight: for a question asking when, a candidate whose text names a time gains this much.
     session_spread: each candidate already ranked from the same session costs this much.
     Weights are on the pool's scores scaled to [0, 1] (best 1, worst 0).
@@ -50,6 +66,7 @@ class Stages:
     """
 
     bm25_weight: float | None = None
+    keyword_weight: float = 0.0
     neighbour_weight: float = 0.0
     temporal_weight: float = 0.0
     session_spread: float = 0.0
@@ -57,10 +74,11 @@ class Stages:
     depth: int = RRF_DEPTH
 
     def __post_init__(self) -> None:
-        for name in ("neighbour_weight", "temporal_weight", "session_spread"):
+        for name in ("keyword_weight", "neighbour_weight", "temporal_weight", "session_spread"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
-                raise InvalidInput(f"Stages.{name} must be a number from 0 to 10, got {value!r}")
+            top = 1 if name == "neighbour_weight" else 10
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+                raise InvalidInput(f"Stages.{name} must be a number from 0 to {top}, got {value!r}")
         weight = self.bm25_weight
         if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))
                                    or not 0 < weight <= 10):
@@ -73,7 +91,7 @@ class Stages:
     @property
     def reranks(self) -> bool:
         """Whether any stage re-ranks the pool (BM25 fusion alone only builds it)."""
-        return bool(self.neighbour_weight or self.temporal_weight or self.session_spread)
+        return bool(self.keyword_weight or self.neighbour_weight or self.temporal_weight or self.session_spread)
 
 
 class Candidate(NamedTuple):
@@ -125,12 +143,13 @@ def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -
     raw = np.fromiter((candidate.score for candidate in pool), dtype=np.float64, count=len(pool))
     # The stages work on the pool's scores scaled to [0, 1], so that one weight means the same for cosine
     # similarities (which crowd together) and for fused reciprocal-rank scores.
-    low = raw.min()
-    span = raw.max() - low
-    scores = (raw - low) / span if span > 0 else np.ones_like(raw)
+    span = raw.max() - raw.min()
+    scores = (raw - raw.min()) / span if span > 0 else np.ones_like(raw)
+    if stages.keyword_weight:
+        scores = scores + stages.keyword_weight * keyword_match(query_text, [candidate.text for candidate in pool])
     adjusted = scores.copy()
     if stages.neighbour_weight:
-        adjusted += stages.neighbour_weight * _best_neighbour_scores(pool, scores)
+        adjusted += stages.neighbour_weight * np.maximum(_best_neighbour_scores(pool, scores) - scores, 0.0)
     if stages.temporal_weight and _TEMPORAL_QUESTION.search(query_text):
         timed = np.fromiter((names_a_time(candidate.text) for candidate in pool), dtype=bool, count=len(pool))
         adjusted += stages.temporal_weight * timed
@@ -140,47 +159,45 @@ def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -
     return _spread_over_sessions(pool, adjusted, k, stages.session_spread)
 
 
+def keyword_match(question: str, texts: Sequence[str]) -> np.ndarray:
+    """For each text, the share of the question's weight that its words carry, from 0 to 1: each word of the question
+    (as the BM25 index reads words, question words left out) weighs its inverse document frequency among these texts,
+    so a word most of them share counts for little and a rare one (a name, a number) for much; a word none of them
+    holds still weighs in the whole, so a question whose words are mostly elsewhere lifts nothing much."""
+    words = [word for word in dict.fromkeys(tokenize(question)) if word not in _QUESTION_WORDS]
+    if not words or not texts:
+        return np.zeros(len(texts))
+    column = {word: index for index, word in enumerate(words)}
+    wanted = frozenset(words)
+    holds = np.zeros((len(texts), len(words)), dtype=bool)
+    for row, text in enumerate(texts):
+        for word in _terms(text) & wanted:
+            holds[row, column[word]] = True
+    count = len(texts)
+    found_in = holds.sum(axis=0)
+    weights = np.log1p((count - found_in + 0.5) / (found_in + 0.5))  # BM25's inverse document frequency
+    return (holds @ weights) / weights.sum()
+
+
 @functools.lru_cache(maxsize=65536)  # the same memories come back search after search
+def _terms(text: str) -> frozenset[str]:
+    return frozenset(tokenize(text))
+
+
+@functools.lru_cache(maxsize=65536)
 def names_a_time(text: str) -> bool:
     """Whether a memory's text names a time (a relative day, a weekday, a month, a year)."""
     return _TIME_WORDS.search(text) is not None
 
 
 def _best_neighbour_scores(pool: Sequence[Candidate], scores: np.ndarray) -> np.ndarray:
-    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled).
-    Two candidates at the same turn of one conversation: the later in the pool holds the place, the earlier has no
-    neighbours and is nobody's. (conversation, turn, place in the pool) share one int64 sort key, so a turn_index
-    past +-2^42 (for a pool of at most 1023; less for larger pools), which ingest never writes, counts as none."""
-    place_bits = len(pool).bit_length()  # conversations are numbered within the pool too
-    turn_bits = 63 - 2 * place_bits
-    turn_limit = (1 << (turn_bits - 1)) - 1
-    conversations: dict[Any, int] = {}
-    keys = []
-    for place, candidate in enumerate(pool):
-        metadata = candidate.metadata
-        turn = metadata.get(TURN_INDEX_KEY)
-        if isinstance(turn, int) and -turn_limit <= turn <= turn_limit:
-            code = conversations.setdefault(metadata.get(CONVERSATION_KEY), len(conversations))
-            keys.append((((code << turn_bits) + turn + turn_limit) << place_bits) + place)
-    best = np.zeros(len(pool))
-    if len(keys) < 2:
-        return best
-    # Sorted by conversation, turn, then place: the last of each (conversation, turn) holds it.
-    key = np.sort(np.array(keys, dtype=np.int64))
-    turn_key = key >> place_bits  # conversation and turn; the next turn of a conversation is this + 1
-    holder = np.empty(key.shape[0], dtype=bool)
-    holder[-1] = True
-    np.not_equal(turn_key[1:], turn_key[:-1], out=holder[:-1])
-    place = key[holder] & ((1 << place_bits) - 1)
-    turn_key = turn_key[holder]
-    # Held turns are distinct and sorted: a turn's neighbours, when pooled, sit right beside it.
-    next_to = turn_key[1:] == turn_key[:-1] + 1
-    held = scores[place]
-    neighbour = np.zeros(place.shape[0])
-    neighbour[:-1] = np.where(next_to, held[1:], 0.0)
-    neighbour[1:] = np.maximum(neighbour[1:], np.where(next_to, held[:-1], 0.0))
-    best[place] = neighbour
-    return best
+    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled)."""
+    places = [(candidate.metadata.get(CONVERSATION_KEY), candidate.metadata.get(TURN_INDEX_KEY)) for candidate in pool]
+    at = {place: index for index, place in enumerate(places) if isinstance(place[1], int)}
+    before = [at.get((conversation, turn - 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
+    after = [at.get((conversation, turn + 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
+    padded = np.append(scores, 0.0)  # index -1, no pooled neighbour, reads this 0
+    return np.maximum(padded[before], padded[after])
 
 
 def _spread_over_sessions(pool: Sequence[Candidate], adjusted: np.ndarray, k: int,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..embedders import spec_of_stored_name
 from ..errors import InvalidInput
+from ..spelling import option_set, option_to_fill
 
 logger = logging.getLogger("tiered_recall")
 
@@ -29,24 +30,35 @@ def default_store_path() -> Path:
 def settle_read_only(path: Path, read_only: bool | None, option) -> bool:
     """True/False as asked; None: whether the folder can be written (made if missing), tried for real, so a
     read-only mount and a folder of another user both count. option(name) spells an option as the caller does."""
+    if path.exists() and not path.is_dir():
+        raise InvalidInput(f"{path} is a file, not a store folder: pass a folder "
+                           f"({option_to_fill(option('path'), 'FOLDER')}; a new store is made in one that does not exist "
+                           "yet)")
     if read_only:
         if not (path / CONFIG_FILE).exists():
             raise InvalidInput(f"no store at {path}: a read-only store must exist (open it writable once)")
         return True
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        # No folder, and none can be made here: read-only would not help, as there is no store to read.
+        raise InvalidInput(f"cannot make the store folder {path} ({exc.strerror}): pass a folder you can write "
+                           f"({option_to_fill(option('path'), 'FOLDER')})") from exc
+    try:
         probe = path / f".write-probe-{os.getpid()}-{threading.get_ident()}"
         probe.touch()
         probe.unlink()
         return False
     except OSError as exc:
-        if read_only is None and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) \
-                and (path / CONFIG_FILE).exists():
+        has_store = (path / CONFIG_FILE).exists()
+        if read_only is None and has_store and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             logger.info("tiered-recall: %s cannot be written (%s): opened read-only", path, exc.strerror)
             return True
-        raise InvalidInput(f"cannot write the store folder {path}: {exc}"
-                           + ("" if read_only is not None else
-                              f"; to search an existing store, open it with {option('read_only')}=True")) from exc
+        if not has_store:
+            raise InvalidInput(f"cannot write the folder {path} ({exc.strerror}), and it holds no store to read: pass a "
+                               f"folder you can write ({option_to_fill(option('path'), 'FOLDER')})") from exc
+        raise InvalidInput(f"cannot write the store folder {path} ({exc.strerror}): to read the store without "
+                           f"writing, open it with {option_set(option('read_only'), True)}") from exc
 
 
 def stored_embedder_name(path: Path) -> str | None:

@@ -227,7 +227,7 @@ def where(value: Any) -> str | None:
 
         escape = filter_escape(value)
         if escape is not None:
-            raise InvalidInput(f"where {escape}")
+            raise InvalidInput(f"the where filter {value!r} {escape}")
     return value
 
 

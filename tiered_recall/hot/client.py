@@ -24,8 +24,8 @@ from ..errors import (
 )
 from . import layout as L
 from .native import client_library, fast_search_module
-from .segment import (BACKEND_NAMES, DTYPE_NAMES, MASK64, NS_DTYPE, SegmentReads, checked_header, segment_path,
-                      validate_name)
+from .segment import (BACKEND_NAMES, CODES_NAMES, DTYPE_NAMES, MASK64, NS_DTYPE, SegmentReads, checked_header,
+                      segment_path, validate_name)
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_SPIN_US = 50.0
@@ -118,6 +118,7 @@ class HotTier(SegmentReads):
         self.capacity = int(h.capacity)
         self.dtype = DTYPE_NAMES.get(h.dtype, str(h.dtype))
         self.backend = BACKEND_NAMES.get(h.backend, str(h.backend))
+        self.codes = CODES_NAMES.get(h.codes, str(h.codes))  # "int8": the backend scans 8-bit codes first (--codes)
         if int(h.backend) == L.BACKEND_CUDA:  # see DEFAULT_CUDA_SPIN_US and DEFAULT_CUDA_YIELD_US
             if spin_us is None:
                 self._spin_ns = int(DEFAULT_CUDA_SPIN_US * 1e3)

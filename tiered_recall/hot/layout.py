@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes as C
 
 MAGIC = 0x004C4C4143455254
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 HEADER_BYTES = 1024
 SLOT_HEADER_BYTES = 256
 MESSAGE_BYTES = 160
@@ -20,6 +20,17 @@ DTYPE_F32 = 1
 DTYPE_F16 = 2
 BACKEND_CPU = 1
 BACKEND_CUDA = 2
+CODES_OFF = 0
+CODES_INT8 = 1
+CODES_ROW_ALIGN = 64  # a row's codes, dim rounded up to this many bytes ...
+CODES_ROW_META_CPU = 12  # ... and its scale and bounds, on the CPU backend
+CODES_ROW_META_CUDA = 8  # ... and on the CUDA backend
+
+
+def code_bytes_a_row(dim: int, backend: str) -> int:
+    """What the int8 codes of one hot row take beside it on `backend` ("cpu" or "cuda")."""
+    meta = CODES_ROW_META_CUDA if backend == "cuda" else CODES_ROW_META_CPU
+    return (dim + CODES_ROW_ALIGN - 1) // CODES_ROW_ALIGN * CODES_ROW_ALIGN + meta
 
 SERVER_STARTING = 0
 SERVER_READY = 1
@@ -116,7 +127,8 @@ class Header(C.Structure):
         ("clients_offset", C.c_uint64),
         ("ns_offset", C.c_uint64),
         ("slots_offset", C.c_uint64),
-        ("_reserved0", C.c_uint8 * 32),
+        ("codes", C.c_uint32),
+        ("_reserved0", C.c_uint8 * 28),
         ("owner_pid", C.c_int32),
         ("owner_uid", C.c_uint32),
         ("state", C.c_uint32),
@@ -141,7 +153,9 @@ class Header(C.Structure):
         ("service_ns_total", C.c_uint64),
         ("search_ns_total", C.c_uint64),
         ("namespaces", C.c_uint64),
-        ("_reserved4", C.c_uint8 * 160),
+        ("code_scans", C.c_uint64),
+        ("code_fallbacks", C.c_uint64),
+        ("_reserved4", C.c_uint8 * 144),
         ("latency_hist", C.c_uint64 * LATENCY_BUCKETS),
     ]
 
@@ -231,6 +245,8 @@ CONSTANTS = {
     "TR_LATENCY_BUCKETS": LATENCY_BUCKETS, "TR_MAX_DIM": MAX_DIM, "TR_MAX_K": MAX_K,
     "TR_NAME_MAX": NAME_MAX, "TR_DTYPE_F32": DTYPE_F32, "TR_DTYPE_F16": DTYPE_F16,
     "TR_BACKEND_CPU": BACKEND_CPU, "TR_BACKEND_CUDA": BACKEND_CUDA,
+    "TR_CODES_OFF": CODES_OFF, "TR_CODES_INT8": CODES_INT8, "TR_CODES_ROW_ALIGN": CODES_ROW_ALIGN,
+    "TR_CODES_ROW_META_CPU": CODES_ROW_META_CPU, "TR_CODES_ROW_META_CUDA": CODES_ROW_META_CUDA,
     "TR_SERVER_STARTING": SERVER_STARTING, "TR_SERVER_READY": SERVER_READY,
     "TR_SERVER_STOPPING": SERVER_STOPPING, "TR_SLOT_FREE": SLOT_FREE,
     "TR_SLOT_CLAIMED": SLOT_CLAIMED, "TR_SLOT_REQUEST": SLOT_REQUEST, "TR_SLOT_BUSY": SLOT_BUSY,

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from pathlib import Path
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -18,13 +18,34 @@ from .native import sidecar_executable
 from .proc import pid_alive
 
 
-class SidecarProcess:
-    """A sidecar this process started (spawn + exec, never fork of a Python with state)."""
+CPU_ISAS = ("auto", "avx512-vnni", "avx-vnni", "avx2", "scalar")  # --test-cpu-isa's choices
 
-    def __init__(self, name: str, popen: subprocess.Popen, log_path: Path) -> None:
+
+def _unnamed_log(name: str) -> int:
+    """A file for a sidecar's output with no name in any folder: it goes when the last descriptor on it closes, so
+    nothing is left in /tmp however the sidecar or this process ends (a kill, a test that never stops it)."""
+    fd, path = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
+    os.unlink(path)
+    return fd
+
+
+def _read_log(fd: int) -> str:
+    """Everything written to an unnamed log so far ("" when it cannot be read)."""
+    try:
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class SidecarProcess:
+    """A sidecar this process started (spawn + exec, never fork of a Python with state). Its output goes to an
+    unnamed file (log() reads it), closed by stop(), kill() or garbage collection."""
+
+    def __init__(self, name: str, popen: subprocess.Popen, log_fd: int) -> None:
         self.name = name
         self.popen = popen
-        self.log_path = log_path
+        self._log_fd = log_fd
+        self._close_log = weakref.finalize(self, os.close, log_fd)
         self.server_pid = popen.pid  # differs when a wrapper (start_sidecar(wrapper=...)) runs it
 
     @property
@@ -37,11 +58,8 @@ class SidecarProcess:
         return self.popen.poll() is None
 
     def log(self) -> str:
-        """The sidecar's log so far ("" when it cannot be read)."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        """The sidecar's log so far ("" when it cannot be read, or after stop())."""
+        return _read_log(self._log_fd) if self._close_log.alive else ""
 
     def stop(self, timeout_s: float = 5.0) -> int:
         """SIGTERM, then SIGKILL after timeout_s; removes the segment if the sidecar could not."""
@@ -66,17 +84,15 @@ class SidecarProcess:
                     path.unlink()
         except OSError:
             pass
-        try:
-            self.log_path.unlink()
-        except OSError:
-            pass
+        self._close_log()
         return int(self.popen.returncode)
 
     def kill(self) -> None:
-        """SIGKILL without clean-up (tests use it to leave a stale segment)."""
+        """SIGKILL without clean-up of the segment (tests use it to leave a stale one)."""
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait()
+        self._close_log()
 
 
 def _flag_int(label: str, value, minimum: int = 0) -> str:
@@ -90,6 +106,7 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
                  exit_when_orphaned_s: float | None = None, verbose: bool = False, gather_us: int | None = None,
                  cuda_persist: bool | None = None, cuda_one_trip_max_rows: int | None = None,
                  cuda_split_max_rows: int | None = None, cuda_verbose: bool = False, cuda_profile: bool = False,
+                 codes: str | None = None, codes_min_rows: int | None = None, test_cpu_isa: str | None = None,
                  test_poison_results: bool = False, test_no_zero_copy: bool = False,
                  test_batched_server: bool = False) -> list[str]:
     """The tr-sidecar command line for these options (docs/sidecar-options.md has the table; None: its default).
@@ -97,8 +114,10 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
     gather_us: how long the server waits for the clients of a batch to come back (0: off). cuda_persist: the
     persistent kernel (False: a launch per pass). cuda_one_trip_max_rows, cuda_split_max_rows: the persistent
     kernel's builds by tier size. cuda_verbose: log the backend's choices and each persistent-kernel stop;
-    cuda_profile: its stage profile. test_*: flags for tests only (poisoned result buffers, results copied instead
-    of written into the slots, the server's batched path on any backend).
+    cuda_profile: its stage profile. codes: "int8" (8-bit codes beside the rows, scanned first; exact answers) or
+    "off"; codes_min_rows: tiers of fewer rows scan the rows. test_*: flags for tests only (the CPU scan's
+    instructions, poisoned result buffers, results copied instead of written into the slots, the server's batched
+    path on any backend).
     """
     validate_name(name)
     if not isinstance(dim, (int, np.integer)) or not 1 <= dim <= L.MAX_DIM:
@@ -109,6 +128,10 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
         raise InvalidInput(f"dtype must be 'f32' or 'f16', got {dtype!r}")
     if backend not in ("cpu", "cuda"):
         raise InvalidInput(f"backend must be 'cpu' or 'cuda', got {backend!r}")
+    if codes not in (None, "int8", "off"):
+        raise InvalidInput(f"codes must be 'int8' or 'off', got {codes!r}")
+    if test_cpu_isa not in (None, *CPU_ISAS):
+        raise InvalidInput(f"test_cpu_isa must be one of {', '.join(CPU_ISAS)}, got {test_cpu_isa!r}")
     args = [str(sidecar_executable()), "--name", name, "--dim", str(int(dim)), "--capacity", str(int(capacity)),
             "--backend", backend]
     if dtype:
@@ -131,6 +154,12 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
         args += ["--cuda-one-trip-max-rows", _flag_int("cuda_one_trip_max_rows", cuda_one_trip_max_rows)]
     if cuda_split_max_rows is not None:
         args += ["--cuda-split-max-rows", _flag_int("cuda_split_max_rows", cuda_split_max_rows)]
+    if codes is not None:
+        args += ["--codes", codes]
+    if codes_min_rows is not None:
+        args += ["--codes-min-rows", _flag_int("codes_min_rows", codes_min_rows)]
+    if test_cpu_isa is not None:
+        args += ["--test-cpu-isa", test_cpu_isa]
     for flag, on in (("--verbose", verbose), ("--cuda-verbose", cuda_verbose), ("--cuda-profile", cuda_profile),
                      ("--test-poison-results", test_poison_results), ("--test-no-zero-copy", test_no_zero_copy),
                      ("--test-batched-server", test_batched_server)):
@@ -142,10 +171,9 @@ def sidecar_args(name: str, *, dim: int, capacity: int, dtype: str | None = None
 class DetachedSidecar:
     """A sidecar started with detach=True: a daemon in its own session, not a child of this process."""
 
-    def __init__(self, name: str, pid: int, log_path: Path) -> None:
+    def __init__(self, name: str, pid: int) -> None:
         self.name = name
         self.pid = pid
-        self.log_path = log_path
 
     def running(self) -> bool:
         """True while the daemon's process is alive."""
@@ -169,8 +197,10 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
                   exit_when_orphaned_s: float | None = None, ready_timeout_s: float = 30.0,
                   detach: bool = False, gather_us: int | None = None, cuda_persist: bool | None = None,
                   cuda_one_trip_max_rows: int | None = None, cuda_split_max_rows: int | None = None,
-                  cuda_verbose: bool = False, cuda_profile: bool = False, test_poison_results: bool = False,
-                  test_no_zero_copy: bool = False, test_batched_server: bool = False,
+                  cuda_verbose: bool = False, cuda_profile: bool = False, codes: str | None = None,
+                  codes_min_rows: int | None = None, test_cpu_isa: str | None = None,
+                  test_poison_results: bool = False, test_no_zero_copy: bool = False,
+                  test_batched_server: bool = False,
                   wrapper: Sequence[str] | None = None) -> SidecarProcess | DetachedSidecar:
     """Starts `tr-sidecar` (exec'd, never a fork of this interpreter's state) and waits until it serves.
 
@@ -191,19 +221,21 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
                         threads=threads, idle_spin_us=idle_spin_us, exit_when_orphaned_s=exit_when_orphaned_s,
                         verbose=True, gather_us=gather_us, cuda_persist=cuda_persist,
                         cuda_one_trip_max_rows=cuda_one_trip_max_rows, cuda_split_max_rows=cuda_split_max_rows,
-                        cuda_verbose=cuda_verbose, cuda_profile=cuda_profile,
+                        cuda_verbose=cuda_verbose, cuda_profile=cuda_profile, codes=codes,
+                        codes_min_rows=codes_min_rows, test_cpu_isa=test_cpu_isa,
                         test_poison_results=test_poison_results, test_no_zero_copy=test_no_zero_copy,
                         test_batched_server=test_batched_server)
-    log_fd, log_name = tempfile.mkstemp(prefix=f"tr-sidecar-{name}-", suffix=".log")
+    log_fd = _unnamed_log(name)
     if detach:
-        return _start_detached(name, args, log_fd, Path(log_name), ready_timeout_s)
+        return _start_detached(name, args, log_fd, ready_timeout_s)
     started_ns = time.time_ns()
     try:
         popen = subprocess.Popen(wrapper + args, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                                  close_fds=True)
-    finally:
+    except BaseException:
         os.close(log_fd)
-    proc = SidecarProcess(name, popen, Path(log_name))
+        raise
+    proc = SidecarProcess(name, popen, log_fd)
     deadline = time.monotonic() + ready_timeout_s
     path = segment_path(name)
     while True:
@@ -228,16 +260,27 @@ def start_sidecar(name: str, *, dim: int, capacity: int, dtype: str | None = Non
         time.sleep(0.002)
 
 
-def _start_detached(name: str, args: list[str], log_fd: int, log_path: Path, ready_timeout_s: float) -> DetachedSidecar:
-    import select
-
+def _start_detached(name: str, args: list[str], log_fd: int, ready_timeout_s: float) -> DetachedSidecar:
     read_end, write_end = os.pipe()
     try:
         launcher = subprocess.Popen(args + ["--daemon", "--ready-fd", str(write_end)], stdin=subprocess.DEVNULL,
                                     stdout=log_fd, stderr=log_fd, pass_fds=(write_end,))
+    except BaseException:
+        os.close(log_fd)
+        os.close(read_end)
+        raise
     finally:
         os.close(write_end)
-        os.close(log_fd)
+    try:
+        return _await_daemon(name, launcher, read_end, log_fd, ready_timeout_s)
+    finally:
+        os.close(log_fd)  # the daemon keeps its own descriptor on the log while it runs
+
+
+def _await_daemon(name: str, launcher: subprocess.Popen, read_end: int, log_fd: int,
+                  ready_timeout_s: float) -> DetachedSidecar:
+    import select
+
     launcher.wait()  # the launcher exits as soon as the daemon is forked
     data = b""
     deadline = time.monotonic() + ready_timeout_s
@@ -256,7 +299,6 @@ def _start_detached(name: str, args: list[str], log_fd: int, log_path: Path, rea
     finally:
         os.close(read_end)
     if data.startswith(b"ready "):
-        log_path.unlink(missing_ok=True)  # the daemon keeps its descriptor; nothing is left in /tmp
-        return DetachedSidecar(name, int(data.split()[1]), log_path)
-    message = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
+        return DetachedSidecar(name, int(data.split()[1]))
+    message = _read_log(log_fd).strip()
     raise SidecarUnavailable(f"sidecar {name!r} failed to start: {message or 'no readiness within ' + str(ready_timeout_s) + ' s'}")

@@ -15,6 +15,7 @@ SHM_DIR = Path("/dev/shm")
 NS_DTYPE = np.dtype([("ns_hash", "<u8"), ("hot_rows", "<u8"), ("total_rows", "<u8"), ("_r", "<u8")])
 DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_F16: "f16"}
 BACKEND_NAMES = {L.BACKEND_CPU: "cpu", L.BACKEND_CUDA: "cuda"}
+CODES_NAMES = {L.CODES_OFF: "off", L.CODES_INT8: "int8"}
 MASK64 = (1 << 64) - 1
 
 
@@ -186,4 +187,6 @@ class SegmentReads:
             "search_p50_us": percentile(0.5), "search_p99_us": percentile(0.99),
             "search_mean_us": (int(h.search_ns_total) / int(h.searches) / 1e3) if h.searches else None,
             "owner_pid": int(h.owner_pid), "slots": int(h.slot_count),
+            "codes": CODES_NAMES.get(int(h.codes), str(int(h.codes))), "code_scans": int(h.code_scans),
+            "code_fallbacks": int(h.code_fallbacks),
         }

@@ -1,14 +1,16 @@
-"""Ingestion of conversation files (JSONL, OpenAI chat, ShareGPT, LoCoMo) into memories: tiered_recall.ingest(...)."""
+"""Ingestion of conversation files (JSONL, OpenAI chat, ShareGPT, LoCoMo, ChatGPT and Claude exports) into memories:
+tiered_recall.ingest(...)."""
 from __future__ import annotations
 
 import sys
 import types
 
-from .formats import FORMAT_CHOICES, FORMATS, FieldMap
+from .formats import FORMAT_CHOICES, FORMATS
 from .pipeline import DEFAULT_BATCH_SIZE, IngestInterrupted, IngestProgress, MemorySink, ingest
 from .summary import IngestSummary
 from .templates import DEFAULT_TEMPLATE, TEMPLATES, Template, resolve_template
 from .turns import Turn, content_hash, turn_id
+from .values import FieldMap
 
 __all__ = [
     "ingest",

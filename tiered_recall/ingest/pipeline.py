@@ -15,8 +15,8 @@ import string
 import sys
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -26,12 +26,14 @@ import numpy as np
 from ..coordinator.stages import TURN_INDEX_KEY
 from ..errors import InvalidInput
 from ..namespaces import validate_namespace
-from .formats import FORMAT_CHOICES, FieldMap, ReadState, SkippedTurn, read_turns
+from .exports import SkippedParts
+from .formats import FORMAT_CHOICES, read_turns
 from .records import BadRecord, iter_records
 from .sources import PathSpec, Source, expand_sources
 from .summary import IngestSummary
 from .templates import DEFAULT_TEMPLATE, TemplateFunction, resolve_template, template_name
 from .turns import Turn, content_hash, turn_id
+from .values import FieldMap, ReadState, SkippedTurn
 
 DEFAULT_BATCH_SIZE = 512
 # Measured on LoCoMo dev with WordLlama (benchmarks/locomo_recall.py): adding 0.3 x the previous
@@ -199,6 +201,7 @@ def ingest(
     skip_bad: bool = False,
     progress: bool | Callable[[IngestProgress], Any] | None = None,
     stop: Callable[[], bool] | None = None,
+    option_names: Mapping[str, str] | None = None,
 ) -> IngestSummary:
     """Read conversation files into memories, one memory per turn. Safe to re-run and to kill.
 
@@ -233,23 +236,19 @@ def ingest(
         an IngestProgress after every batch.
     stop: asked after every batch; when it returns True the run stops there, with IngestInterrupted (every
         batch before is stored; running the same ingest again resumes). The CLI sets it on Ctrl-C.
+    option_names: how error messages name these options, where the caller spells them otherwise (the CLI passes its
+        flags: {"text_field": "--text-field", ...}); by default the keywords above.
 
     Returns an IngestSummary (added / updated / unchanged / skipped / bad records, elapsed; .to_json()).
     """
     started = time.perf_counter()
+    fields = FieldMap(role=role_field, text=text_field, session=session_field, time=time_field, turns=turns_field,
+                      keep_system=bool(keep_system), option_names=dict(option_names or {}))
     _check_options(format=format, batch_size=batch_size, context_turns=context_turns, context_weight=context_weight,
-                   fields={"role_field": role_field, "text_field": text_field, "session_field": session_field,
-                           "time_field": time_field})
+                   fields=fields)
     render = resolve_template(template)
     namespace_of = _namespace_resolver(namespace)
     sources = expand_sources(paths)
-    if turns_field is not None and (not isinstance(turns_field, str) or not turns_field):
-        raise InvalidInput(f"turns_field must be a non-empty field name, got {turns_field!r}")
-    if format not in ("auto", "conversation") and turns_field is not None:
-        raise InvalidInput(f"turns_field reads one conversation per record: use format='auto' or 'conversation', "
-                           f"not {format!r}")
-    fields = FieldMap(role=role_field, text=text_field, session=session_field, time=time_field, turns=turns_field,
-                      keep_system=bool(keep_system))
     if memory is None:
         memory = _open_memory(store)
     for needed in ("embedder", "add", "get"):
@@ -270,16 +269,23 @@ def ingest(
 
 
 def _check_options(*, format: str, batch_size: Any, context_turns: Any, context_weight: Any,
-                   fields: dict[str, Any]) -> None:
+                   fields: FieldMap) -> None:
+    """Every option checked before a file is opened, its message naming the option as the caller spells it."""
     if format not in FORMAT_CHOICES:
-        raise InvalidInput(f"format must be one of {FORMAT_CHOICES}, got {format!r}")
+        raise InvalidInput(f"{fields.option('format')} must be one of {', '.join(FORMAT_CHOICES)}, got {format!r}")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise InvalidInput(f"batch_size must be a positive int, got {batch_size!r}")
+        raise InvalidInput(f"{fields.option('batch_size')} must be a positive integer, got {batch_size!r}")
     if not isinstance(context_turns, int) or isinstance(context_turns, bool) or not 0 <= context_turns <= MAX_CONTEXT_TURNS:
-        raise InvalidInput(f"context_turns must be an int from 0 to {MAX_CONTEXT_TURNS}, got {context_turns!r}")
-    for option, value in fields.items():
+        raise InvalidInput(f"{fields.option('context_turns')} must be an integer from 0 to {MAX_CONTEXT_TURNS}, got "
+                           f"{context_turns!r}")
+    for option, value in (("role_field", fields.role), ("text_field", fields.text), ("session_field", fields.session),
+                          ("time_field", fields.time), ("turns_field", fields.turns)):
         if value is not None and (not isinstance(value, str) or not value):
-            raise InvalidInput(f"{option} must be a non-empty field name, got {value!r}")
+            raise InvalidInput(f"{fields.option(option)} must be a non-empty field name, got {value!r}")
+    if format not in ("auto", "conversation") and fields.turns is not None:
+        raise InvalidInput(f"{fields.option('turns_field')} reads one conversation per record: use "
+                           f"{fields.given('format', 'auto')} or {fields.given('format', 'conversation')}, not "
+                           f"{format!r}")
     if context_weight is not None and (isinstance(context_weight, bool) or not isinstance(context_weight, (int, float))
                                        or not 0 < context_weight <= 10):
         raise InvalidInput(f"context_weight must be a number in (0, 10] or None, got {context_weight!r}")
@@ -317,10 +323,14 @@ class _Run:
                     where = f"{source.display}:{item.line}"
                     if not self.skip_bad:
                         self.flush(source, raw, wait=True)  # everything before the bad record is stored
-                        raise InvalidInput(f"{where}: {item.message}; fix the record or pass skip_bad=True (--skip-bad)")
+                        raise InvalidInput(f"{where}: {item.message}; fix the record or pass "
+                                           f"{fields.given('skip_bad', True)}")
                     summary.note_bad(where, item.message)
                     if not item.resumable:
                         break
+                    continue
+                if isinstance(item, SkippedParts):
+                    summary.skipped_parts[item.kind] += item.count
                     continue
                 summary.turns_read += 1
                 if isinstance(item, SkippedTurn):

@@ -11,7 +11,8 @@ MAX_BAD_EXAMPLES = 20
 
 @dataclass(slots=True)
 class IngestSummary:
-    """Counts for one run. added + updated + unchanged = turns stored or confirmed; skipped = read, not stored.
+    """Counts for one run. added + updated + unchanged = turns stored or confirmed; skipped = read, not stored;
+    skipped_parts: parts of messages (stored or not) left out because they are not text.
 
     bad_records: records that could not be read (only non-zero with skip_bad=True); the first
     MAX_BAD_EXAMPLES are listed as "file:line: problem".
@@ -25,6 +26,8 @@ class IngestSummary:
     updated: int = 0
     unchanged: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    # parts of messages left out because they are not text (an image, a file, a tool call), per kind
+    skipped_parts: Counter[str] = field(default_factory=Counter)
     bad_records: int = 0
     bad_examples: list[str] = field(default_factory=list)
     embedded: int = 0
@@ -59,6 +62,7 @@ class IngestSummary:
             "unchanged": self.unchanged,
             "skipped": self.skipped_total,
             "skipped_reasons": dict(self.skipped),
+            "skipped_parts": dict(self.skipped_parts),
             "bad_records": self.bad_records,
             "bad_examples": list(self.bad_examples),
             "embedded": self.embedded,
@@ -80,6 +84,9 @@ class IngestSummary:
         )
         if self.skipped:
             text += "\n  skipped: " + "; ".join(f"{count} {reason}" for reason, count in self.skipped.most_common())
+        if self.skipped_parts:
+            text += "\n  parts left out (not text): " + ", ".join(
+                f"{count} {kind}" for kind, count in self.skipped_parts.most_common())
         for example in self.bad_examples:
             text += f"\n  bad: {example}"
         return text

@@ -35,6 +35,11 @@ INSTRUCTIONS = (
 )
 # How long closing waits for a tool call still running on a worker thread before closing the store regardless.
 CLOSE_WAIT_S = 30.0
+# What the server logs by default: warnings and errors only. A client shows a stdio server's stderr to its user (a
+# terminal, a log pane); a line for every request (the SDK's INFO) is noise there. serve(log_level=...) and
+# `tiered-recall mcp --log-level INFO` (or --log-file) bring them back.
+DEFAULT_LOG_LEVEL = "WARNING"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _DIGITS = re.compile(r"[0-9]+")
 
 # ---- argument types ------------------------------------------------------------------------------
@@ -168,17 +173,21 @@ class _Missing(Exception):
         self.found = found
 
 
-def build_server(memory: TieredMemory, lock: threading.Lock | None = None) -> MCPServer:
+def build_server(memory: TieredMemory, lock: threading.Lock | None = None, *,
+                 log_level: str = DEFAULT_LOG_LEVEL) -> MCPServer:
     """An MCPServer with the memory tools over `memory` (open, and left open: serve() closes it); each call holds
-    `lock` (a new one when None) while it uses the store.
+    `lock` (a new one when None) while it uses the store. log_level: what the SDK's logging set-up lets through
+    (it configures the root logger once, on stderr, where nothing configured it before).
 
     Tool calls run one at a time: the SDK runs each synchronous tool on a worker thread and would run a pipelining
     client's calls side by side, while the store is exercised (and tested) across processes, not across threads
     of one. A TieredRecallError (or an argument this module refuses) becomes an is_error result whose text is its
     message, and the server goes on serving.
     """
+    if log_level not in LOG_LEVELS:
+        raise InvalidInput(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     server: MCPServer = MCPServer(SERVER_NAME, title="tiered-recall memory", version=__version__,
-                                  instructions=INSTRUCTIONS,
+                                  instructions=INSTRUCTIONS, log_level=log_level,  # type: ignore[arg-type]
                                   description="A two-tier memory store for LLM agents: add, search, get and delete "
                                               "memories, list namespaces.")
     lock = lock if lock is not None else threading.Lock()
@@ -322,14 +331,19 @@ class _Closer:
             os._exit(status)
 
 
-def serve(memory: TieredMemory) -> None:
+def serve(memory: TieredMemory, *, log_level: str = DEFAULT_LOG_LEVEL,
+          log_file: str | os.PathLike | None = None) -> None:
     """Serves `memory` over MCP on stdin/stdout until the client closes stdin (or sends SIGTERM, or Ctrl-C), then
     closes it. While serving, stray writes to stdout (a library, a child process) go to stderr: the SDK points
-    file descriptor 1 there and keeps the protocol on its own copy."""
+    file descriptor 1 there and keeps the protocol on its own copy. Logs from log_level up go to stderr (by default
+    warnings and errors only: a client shows them to its user), or to log_file instead."""
     lock = threading.Lock()  # held by each tool call; closing takes it to wait for the call in flight
     closer = _Closer(memory, lock)
     try:
-        server = build_server(memory, lock)
+        if log_file is not None:  # configured first: the SDK's own set-up then leaves the root logger as it is
+            logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                handlers=[logging.FileHandler(log_file, encoding="utf-8")])
+        server = build_server(memory, lock, log_level=log_level)
     except BaseException:
         closer.close()
         raise

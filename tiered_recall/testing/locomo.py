@@ -25,11 +25,12 @@ _DIA_ID = re.compile(r"^D:?(\d+):0*(\d+)$")
 
 @dataclass
 class Question:
-    """One LoCoMo question: its conversation (sample_id), text, category (1-5) and evidence turns (dia_ids "D1:3")."""
+    """One LoCoMo question: its conversation (sample_id), text, category (1-5) and evidence turns (dia_ids "D1:3").
+    The chats set (testing/chats.py) fills it too: its kind as the category, turn positions as the evidence."""
 
     conversation: str
     text: str
-    category: int
+    category: int | str
     evidence: frozenset[str]
 
 
@@ -87,16 +88,17 @@ def load_questions(data_file: Path) -> tuple[list[Question], EvidenceStats]:
     return questions, stats
 
 
-def recall_table(questions: list[Question], retrieved: list[list[str]]) -> dict[str, dict[int, float]]:
+def recall_table(questions: list[Question], retrieved: list[list[str]],
+                 ks: Sequence[int] = KS) -> dict[str, dict[int, float]]:
     """{"all" | category: {k: R@k in percent}}."""
-    sums: dict[str, dict[int, float]] = defaultdict(lambda: dict.fromkeys(KS, 0.0))
+    sums: dict[str, dict[int, float]] = defaultdict(lambda: dict.fromkeys(ks, 0.0))
     counts: dict[str, int] = defaultdict(int)
     for question, ranking in zip(questions, retrieved):
         for group in ("all", str(question.category)):
             counts[group] += 1
-            for k in KS:
+            for k in ks:
                 sums[group][k] += len(question.evidence & set(ranking[:k])) / len(question.evidence)
-    return {group: {k: 100 * sums[group][k] / counts[group] for k in KS} for group in sums}
+    return {group: {k: 100 * sums[group][k] / counts[group] for k in ks} for group in sums}
 
 
 @dataclass

@@ -30,7 +30,7 @@
 #define TR_MAGIC 0x004C4C4143455254ULL
 /* Bump on any change to a struct, constant or payload formula below, or to libtrclient's call interface
  * (tiered_recall/client.h). */
-#define TR_LAYOUT_VERSION 4u
+#define TR_LAYOUT_VERSION 5u
 
 #define TR_CACHELINE 64u
 #define TR_HEADER_BYTES 1024u
@@ -50,6 +50,16 @@ enum tr_dtype { TR_DTYPE_F32 = 1, TR_DTYPE_F16 = 2 };
 
 /* Which backend serves the segment. */
 enum tr_backend_kind { TR_BACKEND_CPU = 1, TR_BACKEND_CUDA = 2 };
+
+/* header.codes: whether the backend keeps 8-bit codes beside the rows and scans them first (--codes), re-scoring
+ * from the rows only those whose bound can reach the top k (docs/gpu-backend.md, docs/tuning.md). */
+enum tr_codes { TR_CODES_OFF = 0, TR_CODES_INT8 = 1 };
+/* What a hot row's codes take beside it, for a memory budget (TieredMemory(hot_capacity_bytes=...)): the codes, dim
+ * rounded up to TR_CODES_ROW_ALIGN bytes, and the row's scale and bounds: three floats on the CPU (tr_code_row), two on
+ * CUDA (the scale and bound_r, as a float2). */
+#define TR_CODES_ROW_ALIGN 64
+#define TR_CODES_ROW_META_CPU 12
+#define TR_CODES_ROW_META_CUDA 8
 
 /* header.state */
 enum tr_server_state { TR_SERVER_STARTING = 0, TR_SERVER_READY = 1, TR_SERVER_STOPPING = 2 };
@@ -159,7 +169,8 @@ typedef struct tr_header {
     uint64_t clients_offset;
     uint64_t ns_offset;
     uint64_t slots_offset;
-    uint8_t reserved0[128 - 96];
+    uint32_t codes;              /* tr_codes */
+    uint8_t reserved0[128 - 100];
     /* liveness */
     int32_t owner_pid;
     uint32_t owner_uid;
@@ -194,7 +205,9 @@ typedef struct tr_header {
     uint64_t service_ns_total;
     uint64_t search_ns_total;
     uint64_t namespaces;   /* namespaces in the ns table */
-    uint8_t reserved4[512 - 352];
+    uint64_t code_scans;     /* queries answered by the scan of the codes and its re-rank */
+    uint64_t code_fallbacks; /* ... of them, queries whose candidates were too many: answered by the full scan */
+    uint8_t reserved4[512 - 368];
     uint64_t latency_hist[TR_LATENCY_BUCKETS]; /* SEARCH service time */
 } tr_header;
 
@@ -237,6 +250,7 @@ typedef struct tr_client_entry {
 } tr_client_entry;
 
 TR_STATIC_ASSERT(sizeof(tr_header) == TR_HEADER_BYTES, "tr_header must stay 1024 bytes");
+TR_STATIC_ASSERT(offsetof(tr_header, codes) == 96, "codes after the geometry");
 TR_STATIC_ASSERT(offsetof(tr_header, owner_pid) == 128, "liveness block starts at 128");
 TR_STATIC_ASSERT(offsetof(tr_header, doorbell) == 192, "doorbell line starts at 192");
 TR_STATIC_ASSERT(offsetof(tr_header, hot_rows) == 256, "counters start at 256");

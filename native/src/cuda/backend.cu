@@ -29,6 +29,7 @@ static void cuda_destroy(void *self) {
     cudaFree(b->part_s); cudaFree(b->part_id); cudaFree(b->part_n); cudaFree(b->done);
     cudaFree(b->bpart_s); cudaFree(b->bpart_id); cudaFree(b->bpart_n); cudaFree(b->bdone); cudaFree(b->dq);
     cudaFree(b->pdreq); cudaFree(b->pdq); cudaFree(b->pctl); cudaFree(b->pphase);
+    codes_free(b);
     if (b->pmb) cudaFreeHost(b->pmb);
     free(b->pstream);
     if (b->hq16) cudaFreeHost(b->hq16);
@@ -158,6 +159,7 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
     if (!rc) register_segment(b, cfg);
     if (!rc) rc = alloc_rows(b, cfg, err, errlen);
     if (!rc) rc = setup_batched(b, cfg->device, err, errlen);
+    if (!rc) rc = codes_setup(b, cfg, err, errlen);
     if (!rc) rc = persist_setup(b, cfg->device, &cfg->cuda, err, errlen);
     if (!rc && cudaDeviceSynchronize() != cudaSuccess) {
         snprintf(err, errlen, "CUDA error at start-up: %s", cudaGetErrorString(cudaGetLastError()));
@@ -170,7 +172,8 @@ static void *cuda_create(const tr_backend_config *cfg, char *err, size_t errlen)
     return b;
 }
 
-/* Bytes of one staged row: vector (ld elements) + id + ns, kept 16-byte aligned per section. */
+/* The staging buffer of n rows: cap x vector (ld elements), cap x codes (with --codes int8), then cap ids, namespaces,
+ * row numbers and code meta (staged_rows). */
 static int ensure_stage(cuda_backend *b, uint32_t n, char *err, size_t errlen) {
     if (n <= b->hstage_cap) return 0;
     CUDA_TRY(cudaStreamSynchronize(b->stream));
@@ -178,7 +181,7 @@ static int ensure_stage(cuda_backend *b, uint32_t n, char *err, size_t errlen) {
     b->hstage = NULL;
     b->hstage_cap = 0;
     size_t cap = n < 256 ? 256 : n;
-    size_t bytes = cap * ((size_t)b->nvec * 16 + 8 + 8 + 8);
+    size_t bytes = cap * ((size_t)b->nvec * 16 + 8 + 8 + 8 + codes_stage_bytes(b));
     CUDA_TRY(cudaHostAlloc((void **)&b->hstage, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
     CUDA_TRY(cudaHostGetDevicePointer((void **)&b->hstage_dev, b->hstage, 0));
     b->hstage_cap = cap;
@@ -196,7 +199,34 @@ __attribute__((target("f16c,avx"))) static void f32_to_f16_f16c(const float *src
         memcpy(dst + i, &h, 2);
     }
 }
+
+__attribute__((target("f16c,avx"))) static void f16_to_f32_f16c(const uint16_t *src, float *dst, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) {
+        __half h;
+        memcpy(&h, src + i, 2);
+        dst[i] = __half2float(h);
+    }
+}
 #endif
+
+/* f16 -> float (exact), F16C where the CPU has it: the codes are encoded from the rows as stored. */
+void f16_to_f32(const uint16_t *src, float *dst, uint32_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    static int f16c = -1;
+    if (f16c < 0) f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    if (f16c) {
+        f16_to_f32_f16c(src, dst, n);
+        return;
+    }
+#endif
+    for (uint32_t i = 0; i < n; i++) {
+        __half h;
+        memcpy(&h, src + i, 2);
+        dst[i] = __half2float(h);
+    }
+}
 
 /* F16C where the CPU has it: __float2half_rn element by element is several times slower on the write path. */
 void f32_to_f16(const float *src, uint16_t *dst, uint32_t n) {
@@ -212,6 +242,13 @@ void f32_to_f16(const float *src, uint16_t *dst, uint32_t n) {
         __half h = __float2half_rn(src[i]);
         memcpy(dst + i, &h, 2);
     }
+}
+
+/* The device arrays a row write changes (the codes only with --codes int8). */
+static RowArrays row_arrays(const cuda_backend *b) {
+    RowArrays a = {b->X, b->ids, b->ns, b->codes_on ? b->C : nullptr, b->codes_on ? b->cmeta : nullptr, b->nvec,
+                   b->cvec};
+    return a;
 }
 
 static int cuda_write_rows(void *self, const uint64_t *rows, uint32_t n, const float *vectors,
@@ -232,15 +269,18 @@ static int cuda_write_rows(void *self, const uint64_t *rows, uint32_t n, const f
     CUDA_TRY(cudaEventSynchronize(b->stage_free));
     const size_t cap = b->hstage_cap;
     unsigned char *vec = b->hstage;
-    int64_t *sids = (int64_t *)(b->hstage + cap * (size_t)b->nvec * 16);
+    uint4 *codes = reinterpret_cast<uint4 *>(b->hstage + cap * (size_t)b->nvec * 16);
+    int64_t *sids = (int64_t *)(codes + (b->codes_on ? cap * (size_t)b->cvec : 0));
     uint64_t *sns = (uint64_t *)(sids + cap);
     uint64_t *srows = sns + cap;
+    float2 *smeta = reinterpret_cast<float2 *>(srows + cap);
     for (uint32_t i = 0; i < n; i++) {
         const float *src = vectors + (size_t)i * b->dim;
         if (b->dtype == TR_DTYPE_F16) {
             uint16_t *dst = (uint16_t *)(vec + (size_t)i * b->nvec * 16);
             f32_to_f16(src, dst, b->dim);
             memset(dst + b->dim, 0, (size_t)(b->ld - b->dim) * sizeof(uint16_t)); /* +0.0 in f16 */
+            if (b->codes_on) codes_stage_row(b, dst, codes + (size_t)i * b->cvec, smeta + i);
         } else {
             float *dst = (float *)(vec + (size_t)i * b->nvec * 16);
             memcpy(dst, src, (size_t)b->dim * 4);
@@ -250,11 +290,14 @@ static int cuda_write_rows(void *self, const uint64_t *rows, uint32_t n, const f
         sns[i] = ns[i];
         srows[i] = rows[i];
     }
+    /* the same places in the buffer's device mapping */
     const unsigned char *dev = b->hstage_dev;
-    const size_t vec_bytes = cap * (size_t)b->nvec * 16;
-    CUDA_TRY(tr_launch_scatter_rows(b->X, b->ids, b->ns, (const uint4 *)dev, (const int64_t *)(dev + vec_bytes),
-                                    (const uint64_t *)(dev + vec_bytes + cap * 8),
-                                    (const uint64_t *)(dev + vec_bytes + cap * 16), n, b->nvec, b->stream));
+    const size_t off_codes = cap * (size_t)b->nvec * 16;
+    const size_t off_ids = off_codes + (b->codes_on ? cap * (size_t)b->cvec * 16 : 0);
+    const StagedRows staged = {(const uint4 *)dev, (const int64_t *)(dev + off_ids),
+                               (const uint64_t *)(dev + off_ids + cap * 8), (const uint64_t *)(dev + off_ids + cap * 16),
+                               (const uint4 *)(dev + off_codes), (const float2 *)(dev + off_ids + cap * 24)};
+    CUDA_TRY(tr_launch_scatter_rows(row_arrays(b), staged, n, b->stream));
     CUDA_TRY(cudaEventRecord(b->stage_free, b->stream));
     return 0;
 }
@@ -268,7 +311,7 @@ static int cuda_move_row(void *self, uint64_t dst, uint64_t src, char *err, size
     }
     int rc = persist_stop(b, "write", err, errlen);
     if (rc) return rc;
-    CUDA_TRY(tr_launch_move_row(b->X, b->ids, b->ns, dst, src, b->nvec, b->stream));
+    CUDA_TRY(tr_launch_move_row(row_arrays(b), dst, src, b->stream));
     return 0;
 }
 

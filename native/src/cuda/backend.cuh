@@ -100,13 +100,41 @@ typedef struct cuda_backend {
     PersistCtl *pctl;
     unsigned long long *pphase; /* profile: pgrid x TR_PH_SLOTS per-block phase sums (device) */
     unsigned pG;                /* profile: scanning blocks of the last batch */
+    /* --codes int8 (code_scan.cuh, codes.cu) */
+    int codes_on;
+    uint64_t codes_min_rows;
+    uint32_t cvec;              /* uint4 of codes per row (a multiple of 4: 64 dimensions) */
+    uint4 *C;                   /* capacity x cvec */
+    float2 *cmeta;              /* capacity: scale, bound_r */
+    float4 *cflat;              /* TR_BQ_MAX x TR_CODE_FLAT candidates of a pass */
+    float *cbest;               /* TR_BQ_MAX x TR_CUDA_MAX_GRID: the blocks' best lower bounds of a pass */
+    CodeState *cstate;
+    size_t csmem1, csmem2;      /* dynamic shared memory of the codes' kernels, one and two query tiles */
+    int code_pending;           /* the batch in flight went to the codes */
+    uint32_t code_backoff;      /* batches left to the f16 scan after one whose candidates overflowed */
+    uint32_t code_next_backoff;
+    uint64_t *code_scans, *code_fallbacks; /* the header's counters */
 } cuda_backend;
 
 
 /* backend.cu */
 void f32_to_f16(const float *src, uint16_t *dst, uint32_t n);
+void f16_to_f32(const uint16_t *src, float *dst, uint32_t n);
+
+/* codes.cu: the int8 codes' device arrays, their staging and their searches */
+int codes_setup(cuda_backend *b, const tr_backend_config *cfg, char *err, size_t errlen);
+void codes_free(cuda_backend *b);
+size_t codes_stage_bytes(const cuda_backend *b); /* staging bytes a row's codes and meta take (0: codes off) */
+void codes_stage_row(const cuda_backend *b, const uint16_t *h, uint4 *codes, float2 *meta);
+bool codes_take(cuda_backend *b, const tr_search_request *reqs, uint32_t n);
+int codes_submit(cuda_backend *b, tr_search_request *reqs, uint32_t n, char *err, size_t errlen);
+int codes_finish(cuda_backend *b, char *err, size_t errlen);
 
 /* search.cu: the launched searches (per query, and batched passes) */
+int ensure_query_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen);
+int ensure_batch_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen);
+void stage_batched_queries(cuda_backend *b, tr_search_request *reqs, uint32_t n, uint32_t total);
+int launch_batched_passes(cuda_backend *b, tr_search_request *reqs, uint32_t total, char *err, size_t errlen);
 size_t batch_smem(const cuda_backend *b, int nt);
 void stage_query_f16(const cuda_backend *b, const float *query, uint4 *dst);
 void *seg_device_ptr(const cuda_backend *b, const void *host, size_t bytes);

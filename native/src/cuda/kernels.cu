@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "launch.h"
+#include "code_scan.cuh"
 #include "persist_kernel.cuh"
 #include "query_scan.cuh"
 #include "row_kernels.cuh"
@@ -74,17 +75,54 @@ cudaError_t tr_batch_kernels_allow_smem(int smem1, int smem2) {
     return cudaSuccess;
 }
 
-cudaError_t tr_launch_scatter_rows(uint4 *X, int64_t *ids, uint64_t *ns, const uint4 *staged, const int64_t *sids,
-                                   const uint64_t *sns, const uint64_t *rows, unsigned n, unsigned nvec,
-                                   cudaStream_t stream) {
+cudaError_t tr_launch_codes(const CodeParams &p, unsigned grid, size_t smem, bool fused, const uint4 *q_inline,
+                            cudaStream_t stream) {
+    const bool two = p.nq > 8;
+    BatchInline<1> none;
+    memset(&none, 0, sizeof none);
+    if (q_inline) { /* one query tile, fused (tr_launch_codes' contract) */
+        BatchInline<TR_BQ_INLINE> qin;
+        memcpy(qin.v, q_inline, (size_t)p.nq * p.nvec * sizeof(uint4));
+        code_scan_kernel<1, 1, 1><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, qin);
+        return cudaGetLastError();
+    }
+    if (fused) {
+        if (two) code_scan_kernel<2, 1, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, none);
+        else code_scan_kernel<1, 1, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, none);
+        return cudaGetLastError();
+    }
+    if (two) code_scan_kernel<2, 0, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, none);
+    else code_scan_kernel<1, 0, 0><<<grid, TR_CUDA_BLOCK, smem, stream>>>(p, none);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    code_merge_kernel<<<p.nq, TR_CUDA_BLOCK, code_merge_smem(p.nvec), stream>>>(p, grid);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    return cudaMemsetAsync(p.state, 0, sizeof(CodeState), stream);
+}
+
+cudaError_t tr_code_kernels_allow_smem(int smem1, int smem2) {
+    const void *one[] = {(const void *)code_scan_kernel<1, 0, 0>, (const void *)code_scan_kernel<1, 1, 0>,
+                         (const void *)code_scan_kernel<1, 1, 1>};
+    const void *two[] = {(const void *)code_scan_kernel<2, 0, 0>, (const void *)code_scan_kernel<2, 1, 0>};
+    for (int i = 0; i < 3; i++) {
+        cudaError_t e = cudaFuncSetAttribute(one[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem1);
+        if (e == cudaSuccess && i < 2)
+            e = cudaFuncSetAttribute(two[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem2);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaFuncSetAttribute((const void *)code_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                smem1 > smem2 ? smem1 : smem2);
+}
+
+cudaError_t tr_launch_scatter_rows(const RowArrays &a, const StagedRows &s, unsigned n, cudaStream_t stream) {
     const unsigned grid = n < 1024 ? n : 1024;
-    scatter_rows<<<grid, 128, 0, stream>>>(X, ids, ns, staged, sids, sns, rows, n, nvec);
+    scatter_rows<<<grid, 128, 0, stream>>>(a, s, n);
     return cudaGetLastError();
 }
 
-cudaError_t tr_launch_move_row(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t dst, uint64_t src, unsigned nvec,
-                               cudaStream_t stream) {
-    move_row_kernel<<<1, 128, 0, stream>>>(X, ids, ns, dst, src, nvec);
+cudaError_t tr_launch_move_row(const RowArrays &a, uint64_t dst, uint64_t src, cudaStream_t stream) {
+    move_row_kernel<<<1, 128, 0, stream>>>(a, dst, src);
     return cudaGetLastError();
 }
 

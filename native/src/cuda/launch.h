@@ -17,13 +17,39 @@ cudaError_t tr_launch_batch(const BatchParams &p, unsigned grid, size_t smem, co
 /* Allows the batched scan kernels the dynamic shared memory of one (smem1) and two (smem2) query tiles. */
 cudaError_t tr_batch_kernels_allow_smem(int smem1, int smem2);
 
-/* Writes n staged rows (staged: n x nvec uint4, then their ids, namespaces and row numbers) into their slots. */
-cudaError_t tr_launch_scatter_rows(uint4 *X, int64_t *ids, uint64_t *ns, const uint4 *staged, const int64_t *sids,
-                                   const uint64_t *sns, const uint64_t *rows, unsigned n, unsigned nvec,
-                                   cudaStream_t stream);
-/* Copies row src (vector, id, namespace) over row dst. */
-cudaError_t tr_launch_move_row(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t dst, uint64_t src, unsigned nvec,
-                               cudaStream_t stream);
+/* One pass of p.nq <= TR_BQ_MAX queries over the int8 codes (code_scan.cuh): one query tile up to 8, two above.
+ * fused: the scan's last block merges (one launch); otherwise code_merge_kernel merges, one block per query, and the
+ * pass's state is zeroed after it. smem: the scan's and the merge's dynamic shared memory (the larger). q_inline:
+ * the pass's queries, when p.nq x p.nvec <= TR_BQ_INLINE uint4 and p.nq <= 8 and fused, to ride in the parameters
+ * (else NULL: read from p.q). */
+cudaError_t tr_launch_codes(const CodeParams &p, unsigned grid, size_t smem, bool fused, const uint4 *q_inline,
+                            cudaStream_t stream);
+/* Allows the codes' kernels the dynamic shared memory of one (smem1) and two (smem2) query tiles. */
+cudaError_t tr_code_kernels_allow_smem(int smem1, int smem2);
+
+/* Where a batch of staged rows is (device pointers into the pinned staging buffer): n x nvec uint4 vectors, their
+ * ids, namespaces and row numbers, and with codes n x cvec uint4 codes and n meta (else null). */
+struct StagedRows {
+    const uint4 *vec;
+    const int64_t *ids;
+    const uint64_t *ns;
+    const uint64_t *rows;
+    const uint4 *codes;
+    const float2 *meta;
+};
+/* The rows' device arrays a write changes: vectors, ids, namespaces, and the codes and their meta (null: none). */
+struct RowArrays {
+    uint4 *X;
+    int64_t *ids;
+    uint64_t *ns;
+    uint4 *C;
+    float2 *meta;
+    unsigned nvec, cvec;
+};
+/* Writes n staged rows into their slots. */
+cudaError_t tr_launch_scatter_rows(const RowArrays &a, const StagedRows &s, unsigned n, cudaStream_t stream);
+/* Copies row src (vector, id, namespace, codes) over row dst. */
+cudaError_t tr_launch_move_row(const RowArrays &a, uint64_t dst, uint64_t src, cudaStream_t stream);
 
 /* The persistent kernel's three builds (persist_kernel.cuh), for cudaLaunchCooperativeKernel and attributes. */
 enum tr_persist_build {

@@ -108,6 +108,63 @@ struct BatchInline {
     uint4 v[N];
 };
 
+/* ------------------------------------------------------------------------------------------ */
+/* the scan of the int8 codes and its re-rank (code_scan.cuh; --codes int8, codes.h for the bounds)           */
+
+#define TR_CODE_MAX_K 32      /* a block's threshold is the k-th of its lanes' best lower bounds: k <= 32 */
+#define TR_CODE_CB 256        /* per query and scan block: candidates (lower bound, upper bound, row) */
+#define TR_CODE_FLAT 32768    /* per query and pass: candidates the scan blocks leave for the merge */
+#define TR_CODE_ACAP 2048     /* per query, in the merge: candidates whose upper bound reaches the blocks' bound */
+#define TR_CODE_RANK 256      /* ... whose lower bounds are ranked for the exact k-th (more: the blocks' bound) */
+#define TR_CODE_RCAP 1024     /* ... and re-scored from the f16 rows (more: the query fails over to the f16 scan) */
+#define TR_CODE_FAIL 0xFFFFFFFFu /* out_hits of a query the codes could not answer: the host runs the f16 scan */
+static_assert(TR_CODE_CB - TR_BQ_ROUND >= TR_CODE_MAX_K, "a selection must leave room for a round");
+
+struct CodeQuery {
+    unsigned long long ns_hash;
+    long long *oid;           /* where the k ids go (as BatchQuery) */
+    float *osc;
+    float qbound;             /* |q16| (1 + 2^-18), rounded up: a row's bound is qbound x its bound_r */
+    unsigned k;
+    int filter;
+};
+
+/* A pass's shared state in device memory: zero before every launch (the fused kernel's last block, or a memset
+ * after the separate merge, leaves it so). */
+struct CodeState {
+    unsigned count[TR_BQ_MAX];  /* candidates in the flat list */
+    unsigned bound[TR_BQ_MAX];  /* the best block threshold, as an ordered key (code_key; 0: none yet) */
+    unsigned abort;             /* a block's candidates overflowed: every query of the pass fails over */
+    unsigned done;              /* fused merge: ticket counter */
+};
+
+/* The merge's dynamic shared memory (code_merge_layout): the candidates, the lower bounds ranked, the rows re-scored
+ * with their scores and ids, and the query's f16 (nvec uint4). */
+__host__ __device__ inline size_t code_merge_smem(unsigned nvec) {
+    return (size_t)TR_CODE_ACAP * 16 + (size_t)TR_CODE_RANK * 4 + (size_t)TR_CODE_RCAP * (8 + 4 + 8) +
+           (size_t)nvec * 16 + 64;
+}
+
+struct CodeParams {
+    const uint4 *C;           /* rows x cvec: the codes, 16 a uint4 (code_scan.cuh says the order) */
+    const float2 *meta;       /* per row: scale, bound_r (codes.h) */
+    const uint4 *X;           /* rows x nvec: the f16 rows, for the re-rank */
+    const int64_t *ids;
+    const uint64_t *ns;
+    const uint4 *q;           /* nq x nvec f16 queries (device) */
+    float4 *flat;             /* [TR_BQ_MAX][TR_CODE_FLAT]: lower bound, upper bound, row (two words) */
+    float *best;              /* [TR_BQ_MAX][TR_CUDA_MAX_GRID]: each block's best lower bound (-inf: none) */
+    CodeState *state;
+    unsigned *out_hits;       /* query i at i (mapped host memory) */
+    unsigned long long rows;
+    unsigned long long rows_per_block;
+    unsigned nvec, nchunk16;  /* f16 row: uint4, and chunks of 4 uint4 (the f16 scan's) */
+    unsigned cvec, cchunk;    /* code row: uint4 (a multiple of 4), and chunks of 4 uint4 */
+    unsigned qstride;         /* staged query row: 2 cvec + 1 uint4 */
+    unsigned nq, any_filter, backward;
+    CodeQuery cq[TR_BQ_MAX];
+};
+
 /* --cuda-profile: each block of the persistent kernel adds up where its part of a batch goes
  * (clock64 between barriers, so per block and exact; one %globaltimer total per batch calibrates them),
  * and the sidecar logs the means at each stop: which part of a small tier's scan is fixed cost. */

@@ -2,26 +2,33 @@
 #ifndef TR_CUDA_ROW_KERNELS_CUH
 #define TR_CUDA_ROW_KERNELS_CUH
 
-#include "params.cuh"
+#include "launch.h"
 
-/* Writes n staged rows (already in the device dtype, padded to ld) into their row slots. */
-__global__ void scatter_rows(uint4 *X, int64_t *ids, uint64_t *ns, const uint4 *staged, const int64_t *sids,
-                             const uint64_t *sns, const uint64_t *rows, unsigned n, unsigned nvec) {
+/* Writes n staged rows (already in the device dtype, padded to ld; with codes, their codes and meta) into their
+ * row slots. */
+__global__ void scatter_rows(const RowArrays a, const StagedRows s, unsigned n) {
     for (unsigned i = blockIdx.x; i < n; i += gridDim.x) {
-        const uint64_t r = rows[i];
-        for (unsigned c = threadIdx.x; c < nvec; c += blockDim.x) X[r * nvec + c] = staged[(size_t)i * nvec + c];
+        const uint64_t r = s.rows[i];
+        for (unsigned c = threadIdx.x; c < a.nvec; c += blockDim.x) a.X[r * a.nvec + c] = s.vec[(size_t)i * a.nvec + c];
+        if (a.C)
+            for (unsigned c = threadIdx.x; c < a.cvec; c += blockDim.x)
+                a.C[r * a.cvec + c] = s.codes[(size_t)i * a.cvec + c];
         if (threadIdx.x == 0) {
-            ids[r] = sids[i];
-            ns[r] = sns[i];
+            a.ids[r] = s.ids[i];
+            a.ns[r] = s.ns[i];
+            if (a.C) a.meta[r] = s.meta[i];
         }
     }
 }
 
-__global__ void move_row_kernel(uint4 *X, int64_t *ids, uint64_t *ns, uint64_t dst, uint64_t src, unsigned nvec) {
-    for (unsigned c = threadIdx.x; c < nvec; c += blockDim.x) X[dst * nvec + c] = X[src * nvec + c];
+__global__ void move_row_kernel(const RowArrays a, uint64_t dst, uint64_t src) {
+    for (unsigned c = threadIdx.x; c < a.nvec; c += blockDim.x) a.X[dst * a.nvec + c] = a.X[src * a.nvec + c];
+    if (a.C)
+        for (unsigned c = threadIdx.x; c < a.cvec; c += blockDim.x) a.C[dst * a.cvec + c] = a.C[src * a.cvec + c];
     if (threadIdx.x == 0) {
-        ids[dst] = ids[src];
-        ns[dst] = ns[src];
+        a.ids[dst] = a.ids[src];
+        a.ns[dst] = a.ns[src];
+        if (a.C) a.meta[dst] = a.meta[src];
     }
 }
 #endif

@@ -18,7 +18,7 @@
 
 #include "backend.cuh"
 
-static int ensure_query_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen) {
+int ensure_query_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen) {
     if (nq > b->hq_cap) {
         if (b->hq) cudaFreeHost(b->hq);
         b->hq = NULL;
@@ -130,7 +130,7 @@ size_t batch_smem(const cuda_backend *b, int nt) {
     return scan > merge ? scan : merge;
 }
 
-static int ensure_batch_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen) {
+int ensure_batch_buffers(cuda_backend *b, uint32_t nq, char *err, size_t errlen) {
     if (nq <= b->bq_cap) return 0;
     CUDA_TRY(cudaStreamSynchronize(b->stream));
     if (b->hq16) cudaFreeHost(b->hq16);
@@ -208,7 +208,7 @@ static int try_persist(cuda_backend *b, tr_search_request *reqs, uint32_t n, cha
 
 /* Queries -> f16, padded to whole uint4, into the pinned buffer for one copy (or the kernel parameters): every scan
  * block reads all queries, so reading them from host memory would cross PCIe once per block. */
-static void stage_batched_queries(cuda_backend *b, tr_search_request *reqs, uint32_t n, uint32_t total) {
+void stage_batched_queries(cuda_backend *b, tr_search_request *reqs, uint32_t n, uint32_t total) {
     for (uint32_t i = 0, f = 0; i < n; i++) {
         tr_search_request *r = &reqs[i];
         if (!batched_k(r->k)) continue;
@@ -229,7 +229,7 @@ static void stage_batched_queries(cuda_backend *b, tr_search_request *reqs, uint
 
 /* Launches the batched passes over the staged queries, TR_BQ_MAX at a time. Results go in place when the slot lies
  * in the registered segment, else into the pinned buffer (pending_copy: poll copies them out). */
-static int launch_batched_passes(cuda_backend *b, tr_search_request *reqs, uint32_t total, char *err, size_t errlen) {
+int launch_batched_passes(cuda_backend *b, tr_search_request *reqs, uint32_t total, char *err, size_t errlen) {
     const bool all_inline = total * b->nvec <= TR_BQ_INLINE;
     if (!all_inline)
         CUDA_TRY(cudaMemcpyAsync(b->dq, b->hq16, (size_t)total * b->nvec * sizeof(uint4), cudaMemcpyHostToDevice,
@@ -275,6 +275,7 @@ int cuda_search_submit(void *self, tr_search_request *reqs, uint32_t n, char *er
         if (rc < 0) return rc;
     }
     const bool mma = b->mma_ok && b->rows > 0 && b->rows < (1ull << 40);
+    if (mma && codes_take(b, reqs, n)) return codes_submit(b, reqs, n, err, errlen);
     if (b->persist_ok && mma) {
         int rc = try_persist(b, reqs, n, err, errlen);
         if (rc <= 0) return rc; /* 1: launch instead */
@@ -327,6 +328,11 @@ int cuda_search_poll(void *self, int block, char *err, size_t errlen) {
     if (e == cudaErrorNotReady) return 1;
     b->pending = 0;
     CUDA_TRY(e);
+    if (b->code_pending) { /* queries the codes could not answer: the f16 scan answers them, now */
+        b->code_pending = 0;
+        int rc = codes_finish(b, err, errlen);
+        if (rc) return rc;
+    }
     tr_search_request *reqs = b->preqs;
     uint32_t f = 0;
     for (uint32_t i = 0; i < b->pn; i++) {
