@@ -172,3 +172,32 @@ def test_every_dev_questions_top_k_is_the_loops(dev_split, preset: str) -> None:
             if setting is stages:
                 moved += [i for i, _ in vector_pool[:K]] != [i for i, _ in got]
     assert moved > len(questions) // 4  # the stages did re-rank: the comparison was not of pool orders
+
+
+def test_random_pools_with_odd_metadata_rank_as_the_loop_did() -> None:
+    """Pools the dev split never makes: turns repeated within a conversation, conversations missing or not strings,
+    turn indexes that are bools, floats, strings or absent, sessions repeated, tied scores."""
+    rng = np.random.default_rng(11)
+    words = "cat dog lemon cake when yesterday park Miso garden 2023 sunday trip".split()
+    odd_turns = [None, True, False, 1.0, "3", -2]
+    for _ in range(300):
+        size = int(rng.integers(1, 70))
+        pool = []
+        for index in range(size):
+            metadata: dict[str, Any] = {}
+            if rng.random() < 0.9:
+                metadata[TURN_INDEX_KEY] = (int(rng.integers(0, 12)) if rng.random() < 0.85
+                                            else odd_turns[int(rng.integers(len(odd_turns)))])
+            if rng.random() < 0.9:
+                metadata[CONVERSATION_KEY] = [None, "a", "b", 7][int(rng.integers(4))]
+            text = " ".join(rng.choice(words, size=int(rng.integers(1, 6))))
+            score = float(rng.choice([0.5, 0.25, rng.random()]))
+            pool.append(Candidate(index + 1, score, text, f"s{int(rng.integers(3))}", metadata))
+        question = " ".join(rng.choice(words + ["what", "when", "did"], size=4)) + "?"
+        setting = Stages(keyword_weight=float(rng.choice([0.0, 0.8])),
+                         neighbour_weight=float(rng.choice([0.0, 0.5, 1.0])),
+                         temporal_weight=float(rng.choice([0.0, 0.1])),
+                         session_spread=float(rng.choice([0.0, 0.05])))
+        k = int(rng.integers(1, 30))
+        got = [(candidate.id, score) for candidate, score in rerank(pool, question, k, setting)]
+        assert got == reference_rerank(pool, question, k, setting), (question, setting)

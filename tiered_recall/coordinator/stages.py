@@ -191,13 +191,37 @@ def names_a_time(text: str) -> bool:
 
 
 def _best_neighbour_scores(pool: Sequence[Candidate], scores: np.ndarray) -> np.ndarray:
-    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled)."""
-    places = [(candidate.metadata.get(CONVERSATION_KEY), candidate.metadata.get(TURN_INDEX_KEY)) for candidate in pool]
-    at = {place: index for index, place in enumerate(places) if isinstance(place[1], int)}
-    before = [at.get((conversation, turn - 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
-    after = [at.get((conversation, turn + 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
-    padded = np.append(scores, 0.0)  # index -1, no pooled neighbour, reads this 0
-    return np.maximum(padded[before], padded[after])
+    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled).
+    Two candidates at one turn of a conversation: the later in the pool is the one its neighbours see. (conversation,
+    turn, place in the pool) share one int64 sort key, so a turn_index past +-2^42 (for a pool of at most 1023; less
+    for larger ones), which ingest never writes, counts as none."""
+    place_bits = len(pool).bit_length()  # conversations are numbered within the pool too
+    turn_bits = 63 - 2 * place_bits
+    turn_limit = (1 << (turn_bits - 1)) - 1
+    conversations: dict[Any, int] = {}
+    keys = []
+    for place, candidate in enumerate(pool):
+        metadata = candidate.metadata
+        turn = metadata.get(TURN_INDEX_KEY)
+        if isinstance(turn, int) and -turn_limit <= turn <= turn_limit:
+            code = conversations.setdefault(metadata.get(CONVERSATION_KEY), len(conversations))
+            keys.append((((code << turn_bits) + turn + turn_limit) << place_bits) + place)
+    best = np.zeros(len(pool))
+    if len(keys) < 2:
+        return best
+    key = np.sort(np.array(keys, dtype=np.int64))  # by conversation, turn, then place
+    turn_key = key >> place_bits  # conversation and turn: the next turn of a conversation is this + 1
+    place = key & ((1 << place_bits) - 1)
+    last = np.empty(key.shape[0], dtype=bool)  # the last of each (conversation, turn) in the pool is the one seen
+    last[-1] = True
+    np.not_equal(turn_key[1:], turn_key[:-1], out=last[:-1])
+    seen_turns, seen_scores = turn_key[last], scores[place[last]]
+    for step in (-1, 1):
+        wanted = turn_key + step
+        at = np.minimum(np.searchsorted(seen_turns, wanted), seen_turns.shape[0] - 1)
+        found = np.where(seen_turns[at] == wanted, seen_scores[at], 0.0)
+        best[place] = np.maximum(best[place], found)
+    return best
 
 
 def _spread_over_sessions(pool: Sequence[Candidate], adjusted: np.ndarray, k: int,
