@@ -25,7 +25,7 @@ from tiered_recall.testing.locomo import DATA_FILE, DEFAULT_DATA, ExactSearchSin
 K = 25
 
 
-# ---- the reference: 040a8e2's loops -----------------------------------------------------------------------------------
+# ---- the reference: the loops of 040a8e2 (BM25) and 8b69094 (the stages) ---------------------------------------
 def reference_bm25_search(index: Bm25Index, text: str, depth: int, namespace: str | None) -> tuple:
     live = index.live_rows
     terms = [index._vocab[t] for t in set(tokenize(text)) if t in index._vocab]
@@ -90,8 +90,8 @@ def reference_rerank(pool, query_text: str, k: int, stages: Stages) -> list[tupl
     if stages.neighbour_weight:
         places = [(c.metadata.get(CONVERSATION_KEY), c.metadata.get(TURN_INDEX_KEY)) for c in pool]
         at = {place: index for index, place in enumerate(places) if isinstance(place[1], int)}
-        before = [at.get((conversation, turn - 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
-        after = [at.get((conversation, turn + 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
+        before = [at.get((c, turn - 1), -1) if isinstance(turn, int) else -1 for c, turn in places]
+        after = [at.get((c, turn + 1), -1) if isinstance(turn, int) else -1 for c, turn in places]
         padded = np.append(scores, 0.0)
         best = np.maximum(padded[before], padded[after])
         adjusted += stages.neighbour_weight * np.maximum(best - scores, 0.0)
@@ -112,7 +112,7 @@ def reference_rerank(pool, query_text: str, k: int, stages: Stages) -> list[tupl
     return chosen
 
 
-# ---- the comparison ---------------------------------------------------------------------------------------------------
+# ---- the comparison ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dev_split():
     data_file = DEFAULT_DATA / DATA_FILE
@@ -165,8 +165,9 @@ def test_every_dev_questions_top_k_is_the_loops(dev_split, preset: str) -> None:
         assert fused_ids == reference_pool(vector_ids[: fused.depth], bm25_ids, fused.bm25_weight, fused.pool)
         vector_pool = [(i, float(cosine[row])) for i, row in zip(vector_ids[: stages.pool], ranked)]
         for setting in settings:
+            pooled = fused_ids if setting.bm25_weight else vector_pool
             pool = [Candidate(i, score, sink.records[i].text, sink.records[i].metadata.get("session_number"),
-                              sink.records[i].metadata) for i, score in (fused_ids if setting.bm25_weight else vector_pool)]
+                              sink.records[i].metadata) for i, score in pooled]
             got = [(candidate.id, score) for candidate, score in rerank(pool, question.text, K, setting)]
             assert got == reference_rerank(pool, question.text, K, setting), question.text
             if setting is stages:

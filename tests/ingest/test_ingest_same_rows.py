@@ -1,7 +1,7 @@
 """Ingest with its writer thread stores exactly what the one-thread pipeline of 040a8e2 stored: the rows (ids, texts,
-namespaces, sessions, roles, times, metadata, vectors within float tolerance: kept to 8 decimals) after a first run and after a re-run
-over changed and added turns, against rows_040a8e2.json.gz, which `python tests/ingest/test_ingest_same_rows.py OUT`
-wrote with 040a8e2's tiered_recall on the path."""
+namespaces, sessions, roles, times, metadata, vectors within float tolerance: kept to 8 decimals) after a first run
+and after a re-run over changed and added turns, against rows_040a8e2.json.gz, which
+`python tests/ingest/test_ingest_same_rows.py OUT` wrote with 040a8e2's tiered_recall on the path."""
 from __future__ import annotations
 
 import gzip
@@ -67,7 +67,8 @@ def _conversations(changed: bool) -> str:
             lines.append({"session": f"c{conversation}", "role": "user" if turn % 2 else "assistant", "content": text,
                           "timestamp": f"2024-05-{1 + turn % 28:02d}T10:{turn % 60:02d}:00Z"})
     if changed:
-        lines += [{"session": f"c{conversation}", "role": "user", "content": f"conversation {conversation} late turn {t}"}
+        lines += [{"session": f"c{conversation}", "role": "user",
+                   "content": f"conversation {conversation} late turn {t}"}
                   for conversation in (1, 3) for t in range(17)]
     return "\n".join(json.dumps(line) for line in lines) + "\n"
 

@@ -103,7 +103,8 @@ class TorchEncoder:
         self._position_and_type = tensor(positions + weights.f32("emb.type")[: self.hidden])
         self._word_table = None
         self._graphs: dict[int, tuple] = {}
-        # One query at a time: the graphs' inputs and outputs are fixed buffers (searches may come from several threads).
+        # One query at a time: the graphs' inputs and outputs are fixed buffers (searches may come from several
+        # threads).
         self._replay_lock = threading.Lock()
         if self.on_gpu:
             # The whole word-embedding table on the device, dequantized once: a query's lookup is one gather there.
