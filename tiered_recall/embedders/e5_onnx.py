@@ -18,6 +18,9 @@ OPSET = 17
 # refuses ("Unsupported model IR version"); 8 is what opset 17 needs, read by every onnxruntime this supports.
 IR_VERSION = 8
 FEW_TOKENS = 256  # a forward pass over at most this many tokens (batch x length) runs on the query session
+# Tokens per forward pass when embedding many texts: large enough to keep the matrix units busy, small enough that
+# the activations stay in cache.
+BATCH_TOKENS = 2048
 # Changes whenever build_graph makes a different graph from the same weights: the cached graph of another builder
 # is then never read.
 GRAPH_BUILDER = "e5-onnx-int8-v1"
@@ -183,6 +186,8 @@ class OnnxEncoder:
     every core, at most eight, made when the first batch comes (a process that only searches never needs it).
     `threads` sets both."""
 
+    batch_tokens = BATCH_TOKENS
+
     def __init__(self, weights: E5Weights, *, threads: int | None = None) -> None:
         self._runtime = _import_runtime()
         cores = len(os.sched_getaffinity(0))
@@ -198,13 +203,16 @@ class OnnxEncoder:
         if session is None:
             model = built_graph(weights, path)
             session = _session(self._runtime, model, self.threads[0])
+        self._weights = weights
         self._model, self._query_session = model, session
         self._batch_session = None
         self._batch_lock = threading.Lock()
 
-    def summed(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """(batch, hidden) masked sums of the last hidden states."""
-        if embeddings.shape[0] * embeddings.shape[1] <= FEW_TOKENS:
+    def mean_pooled(self, token_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """(batch, tokens) int64 ids padded with the pad id, and their int32 mask -> (batch, hidden) float32 means
+        of the last hidden states over each text's tokens."""
+        embeddings = self._weights.input_embeddings(token_ids)
+        if token_ids.shape[0] * token_ids.shape[1] <= FEW_TOKENS:
             session = self._query_session
         else:
             session = self._batch_session
@@ -214,4 +222,9 @@ class OnnxEncoder:
                         self._batch_session = _session(self._runtime, self._model, self.threads[1])
                     session = self._batch_session
         (summed,) = session.run(None, {"embeddings": embeddings, "mask": mask})
-        return summed
+        return summed / mask.sum(axis=1, keepdims=True)
+
+    def one(self, ids: list[int]) -> np.ndarray:
+        """One text's token ids -> (1, hidden) float32, its mean-pooled vector."""
+        row = np.asarray([ids], dtype=np.int64)
+        return self.mean_pooled(row, np.ones(row.shape, dtype=np.int32))

@@ -1,14 +1,22 @@
-"""Runs the E5 encoder through torch: on a CUDA GPU in float16 (one query replays a captured CUDA graph, so its
-latency is not a hundred kernel launches), or on the CPU in bfloat16 where the CPU has AMX."""
+"""Runs the E5 encoder through torch: on a CUDA GPU in float16, where one query is one replayed CUDA graph that reads
+its token ids and does everything else on the device (the word-embedding lookup, the twelve layers with fused
+attention, pooling and normalisation), or on the CPU in bfloat16 where the CPU has AMX (docs/recall.md)."""
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
 from ..errors import InvalidInput
 from .e5_weights import E5Weights
 
-# A single query's token count is padded up to one of these, so one captured graph serves every query of that size.
-QUERY_GRAPH_TOKENS = (16, 32, 64, 128)
+# One query's tokens are padded up to a multiple of this: one captured graph per multiple, from it to
+# QUERY_GRAPH_TOKENS, all captured while the encoder loads; a longer query runs eagerly.
+QUERY_GRAPH_STEP = 8
+QUERY_GRAPH_TOKENS = 128
+# Tokens per forward pass when embedding many texts on a GPU: enough rows to fill its matrix units.
+GPU_BATCH_TOKENS = 16384
+CPU_BATCH_TOKENS = 2048
 
 
 def _import_torch():
@@ -20,88 +28,211 @@ def _import_torch():
     return torch
 
 
-class TorchEncoder:
-    """The encoder as torch tensors on `device` ("cuda", "cuda:N" or "cpu")."""
+def folded_layers(weights: E5Weights) -> tuple[tuple[np.ndarray, np.ndarray], list[dict[str, np.ndarray]]]:
+    """The embedding layer norm and the layers' weights (float64) with the two output projections' biases moved into
+    the layer norms before them, so that each residual sum is one matrix product that adds into its input.
 
-    def __init__(self, weights: E5Weights, *, device: str = "cuda") -> None:
+    The residual stream a layer norm hands on carries the next projection's bias already (beta + b): the product
+    `addmm(x + b, h, W)` is then x + b + hW, what the model computes, and the projections that read the same stream
+    take it back off their own bias (b_in - W_in b). Returns ((gamma, beta), layers) where each layer holds qkv,
+    qkv_b, ao, fi, fi_b, fo, aln (gamma, beta), oln (gamma, beta); the last layer's output norm keeps its beta."""
+    def f64(name: str) -> np.ndarray:
+        return weights.f32(name).astype(np.float64)
+
+    hidden, count = weights.hidden, weights.layers
+    raw = []
+    for layer in range(count):
+        p = f"l{layer}"
+        raw.append({
+            "qkv": np.concatenate([weights.matrix(f"{p}.{m}.w", hidden) for m in "qkv"]).astype(np.float64),
+            "qkv_b": np.concatenate([f64(f"{p}.{m}.b") for m in "qkv"]),
+            "ao": weights.matrix(f"{p}.ao.w", hidden).astype(np.float64), "ao_b": f64(f"{p}.ao.b"),
+            "fi": weights.matrix(f"{p}.fi.w", weights.ffn).astype(np.float64), "fi_b": f64(f"{p}.fi.b"),
+            "fo": weights.matrix(f"{p}.fo.w", hidden).astype(np.float64), "fo_b": f64(f"{p}.fo.b"),
+            "aln": (f64(f"{p}.aln.w"), f64(f"{p}.aln.b")), "oln": (f64(f"{p}.oln.w"), f64(f"{p}.oln.b")),
+        })
+    embedding_norm = (f64("emb.ln.w"), f64("emb.ln.b") + raw[0]["ao_b"])
+    layers = []
+    for index, layer in enumerate(raw):
+        next_ao_b = raw[index + 1]["ao_b"] if index + 1 < count else np.zeros(hidden)
+        layers.append({
+            "qkv": layer["qkv"], "qkv_b": layer["qkv_b"] - layer["qkv"] @ layer["ao_b"],
+            "ao": layer["ao"],
+            "aln": (layer["aln"][0], layer["aln"][1] + layer["fo_b"]),
+            "fi": layer["fi"], "fi_b": layer["fi_b"] - layer["fi"] @ layer["fo_b"],
+            "fo": layer["fo"],
+            "oln": (layer["oln"][0], layer["oln"][1] + next_ao_b),
+        })
+    return embedding_norm, layers
+
+
+class TorchEncoder:
+    """The encoder as torch tensors on `device` ("cuda", "cuda:N" or "cpu"), in `dtype` (a torch dtype; default
+    float16 on a GPU, bfloat16 on the CPU)."""
+
+    def __init__(self, weights: E5Weights, *, device: str = "cuda", dtype=None) -> None:
         torch = _import_torch()
         self._torch = torch
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise InvalidInput("backend='torch' on device='cuda' but torch sees no CUDA GPU; use device='cpu' or "
                                "backend='onnx'")
         self.device = torch.device(device)
-        self.dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
-        self.heads, self.hidden, self.eps = weights.heads, weights.hidden, weights.eps
+        self.on_gpu = self.device.type == "cuda"
+        self._device_index = None
+        if self.on_gpu:
+            self._device_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            self.device = torch.device("cuda", self._device_index)
+        self.dtype = dtype or (torch.float16 if self.on_gpu else torch.bfloat16)
+        self.batch_tokens = GPU_BATCH_TOKENS if self.on_gpu else CPU_BATCH_TOKENS
+        self._weights = weights
+        self.heads, self.hidden, self.eps, self.pad = weights.heads, weights.hidden, weights.eps, weights.pad
 
         def tensor(array: np.ndarray):
-            # a copy: the weights are read-only views of the mapped file, which torch will not wrap
-            return torch.from_numpy(np.array(array, dtype=np.float32)).to(self.device, self.dtype)
+            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).to(self.device, self.dtype)
 
-        self._embedding_norm = (tensor(weights.f32("emb.ln.w")), tensor(weights.f32("emb.ln.b")))
-        self._layers = []
-        for layer in range(weights.layers):
-            p = f"l{layer}"
-            self._layers.append({
-                "qkv": tensor(np.concatenate([weights.matrix(f"{p}.{m}.w", weights.hidden) for m in "qkv"])),
-                "qkv_b": tensor(np.concatenate([weights.f32(f"{p}.{m}.b") for m in "qkv"])),
-                "ao": tensor(weights.matrix(f"{p}.ao.w", weights.hidden)), "ao_b": tensor(weights.f32(f"{p}.ao.b")),
-                "fi": tensor(weights.matrix(f"{p}.fi.w", weights.ffn)), "fi_b": tensor(weights.f32(f"{p}.fi.b")),
-                "fo": tensor(weights.matrix(f"{p}.fo.w", weights.hidden)), "fo_b": tensor(weights.f32(f"{p}.fo.b")),
-                "aln": (tensor(weights.f32(f"{p}.aln.w")), tensor(weights.f32(f"{p}.aln.b"))),
-                "oln": (tensor(weights.f32(f"{p}.oln.w")), tensor(weights.f32(f"{p}.oln.b"))),
-            })
+        embedding_norm, layers = folded_layers(weights)
+        self._embedding_norm = tuple(tensor(a) for a in embedding_norm)
+        # Matrices kept transposed, (in, out): addmm(bias, x, W) then reads them as stored.
+        self._layers = [{
+            "qkv": tensor(layer["qkv"].T), "qkv_b": tensor(layer["qkv_b"]), "ao": tensor(layer["ao"].T),
+            "aln": tuple(tensor(a) for a in layer["aln"]),
+            "fi": tensor(layer["fi"].T), "fi_b": tensor(layer["fi_b"]), "fo": tensor(layer["fo"].T),
+            "oln": tuple(tensor(a) for a in layer["oln"]),
+        } for layer in layers]
+        positions = weights.f32("emb.pos").reshape(weights.max_positions, self.hidden)
+        self._position_and_type = tensor(positions + weights.f32("emb.type")[: self.hidden])
+        self._word_table = None
         self._graphs: dict[int, tuple] = {}
+        # One query at a time: the graphs' inputs and outputs are fixed buffers (searches may come from several
+        # threads).
+        self._replay_lock = threading.Lock()
+        if self.on_gpu:
+            # The whole word-embedding table on the device, dequantized once: a query's lookup is one gather there.
+            table = torch.empty((weights.vocabulary, self.hidden), dtype=self.dtype, device=self.device)
+            chunk = 16384
+            for start in range(0, weights.vocabulary, chunk):
+                rows = np.arange(start, min(start + chunk, weights.vocabulary))
+                table[start:start + len(rows)] = torch.from_numpy(weights.word_vectors(rows)).to(self.device,
+                                                                                                 self.dtype)
+            self._word_table = table
+            self._pinned_ids = torch.full((QUERY_GRAPH_TOKENS,), self.pad, dtype=torch.int64).pin_memory()
+            self._pinned_ids_view = self._pinned_ids.numpy()
+            self._pinned_out = torch.empty((self.hidden,), dtype=torch.float32).pin_memory()
+            self._pinned_out_view = self._pinned_out.numpy()
+            self._pool = torch.cuda.graph_pool_handle()
+            # no_grad, not inference_mode: a query copies its ids into the graphs' inputs outside inference mode
+            with torch.no_grad(), torch.cuda.device(self.device):
+                for tokens in range(QUERY_GRAPH_STEP, QUERY_GRAPH_TOKENS + 1, QUERY_GRAPH_STEP):
+                    self._capture(tokens)
 
-    def _forward(self, embeddings, mask):
+    # ---- the model -------------------------------------------------------------------------------------------------
+    def _input_embeddings(self, token_ids):
+        """(batch, tokens) int64 ids on the device -> the embedding layer's input (word + position + type)."""
+        functional = self._torch.nn.functional
+        tokens = token_ids.shape[1]
+        return functional.embedding(token_ids, self._word_table) + self._position_and_type[:tokens]
+
+    def _layers_forward(self, x, additive_mask):
+        """x (batch, tokens, hidden) before the embedding layer norm -> the last hidden states. additive_mask:
+        (batch, 1, 1, tokens), 0 for a token and -inf for padding, or None when nothing is padded."""
         torch, functional = self._torch, self._torch.nn.functional
-        batch, tokens, hidden = embeddings.shape
-        x = functional.layer_norm(embeddings, (hidden,), *self._embedding_norm, self.eps)
-        keep = mask[:, None, None, :].to(torch.bool)
+        batch, tokens, hidden = x.shape
+        heads = self.heads
+        x = functional.layer_norm(x, (hidden,), *self._embedding_norm, self.eps).view(batch * tokens, hidden)
         for layer in self._layers:
-            q, k, v = functional.linear(x, layer["qkv"], layer["qkv_b"]).view(
-                batch, tokens, 3, self.heads, hidden // self.heads).permute(2, 0, 3, 1, 4)
-            context = functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-            attended = functional.linear(context.transpose(1, 2).reshape(batch, tokens, hidden), layer["ao"], layer["ao_b"])
-            x = functional.layer_norm(x + attended, (hidden,), *layer["aln"], self.eps)
-            inner = functional.gelu(functional.linear(x, layer["fi"], layer["fi_b"]))
-            x = functional.layer_norm(x + functional.linear(inner, layer["fo"], layer["fo_b"]), (hidden,), *layer["oln"],
-                                      self.eps)
-        return (x.float() * mask[..., None].float()).sum(dim=1)
+            qkv = torch.addmm(layer["qkv_b"], x, layer["qkv"]).view(batch, tokens, 3, heads, hidden // heads)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            context = functional.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask)
+            context = context.transpose(1, 2).reshape(batch * tokens, hidden)
+            x = functional.layer_norm(torch.addmm(x, context, layer["ao"]), (hidden,), *layer["aln"], self.eps)
+            inner = functional.gelu(torch.addmm(layer["fi_b"], x, layer["fi"]))
+            x = functional.layer_norm(torch.addmm(x, inner, layer["fo"]), (hidden,), *layer["oln"], self.eps)
+        return x.view(batch, tokens, hidden)
 
-    def summed(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """(batch, hidden) masked sums of the last hidden states, as float32 numpy."""
+    def _masked(self, token_ids):
+        """The additive attention mask (batch, heads, tokens, tokens) and the pooling weights (1 / tokens for a token,
+        0 for padding) of padded ids."""
+        torch = self._torch
+        batch, tokens = token_ids.shape
+        valid = token_ids != self.pad
+        # Rows 16-element aligned, the other dimensions broadcast: the fused attention kernel reads the mask as it is
+        # instead of padding a copy of it in every layer.
+        width = -(-tokens // 16) * 16
+        additive = torch.zeros((batch, width), dtype=self.dtype, device=valid.device)
+        additive[:, :tokens].masked_fill_(~valid, float("-inf"))
+        counts = valid.sum(dim=1, keepdim=True)
+        mask = additive[:, None, None, :tokens].expand(batch, self.heads, tokens, tokens)
+        return mask, valid.to(torch.float32) / counts
+
+    def _pooled(self, token_ids):
+        """Padded ids (batch, tokens) on the device -> (batch, hidden) float32 means over each text's tokens."""
+        additive, pool_weights = self._masked(token_ids)
+        hidden_states = self._layers_forward(self._input_embeddings(token_ids), additive)
+        return (hidden_states.float() * pool_weights[..., None]).sum(dim=1)
+
+    # ---- what E5Embedder calls ---------------------------------------------------------------------------------------
+    def mean_pooled(self, token_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """(batch, tokens) int64 ids padded with the pad id, and their mask -> (batch, hidden) float32 means of the
+        last hidden states over each text's tokens."""
         torch = self._torch
         with torch.inference_mode():
-            if self.device.type == "cuda" and embeddings.shape[0] == 1 and embeddings.shape[1] <= QUERY_GRAPH_TOKENS[-1]:
-                return self._one_query(embeddings, mask)
-            x = torch.from_numpy(embeddings).to(self.device, self.dtype, non_blocking=True)
-            m = torch.from_numpy(mask).to(self.device, non_blocking=True)
-            return self._forward(x, m).cpu().numpy()
+            if not self.on_gpu:
+                x = torch.from_numpy(self._weights.input_embeddings(token_ids)).to(self.dtype)
+                hidden_states = self._layers_forward(x, self._cpu_mask(mask))
+                m = torch.from_numpy(mask).to(torch.float32)
+                return ((hidden_states.float() * m[..., None]).sum(dim=1) / m.sum(dim=1, keepdim=True)).numpy()
+            ids = torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)).to(self.device, non_blocking=True)
+            return self._pooled(ids).cpu().numpy()
 
-    def _one_query(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _cpu_mask(self, mask: np.ndarray):
         torch = self._torch
-        tokens = embeddings.shape[1]
-        size = next(size for size in QUERY_GRAPH_TOKENS if size >= tokens)
-        if size not in self._graphs:
-            static_x = torch.zeros((1, size, self.hidden), device=self.device, dtype=self.dtype)
-            static_mask = torch.zeros((1, size), device=self.device, dtype=torch.int32)
-            static_mask[0, 0] = 1
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graph capture requires
-                for _ in range(2):
-                    self._forward(static_x, static_mask)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = self._forward(static_x, static_mask)
-            self._graphs[size] = (graph, static_x, static_mask, static_out)
-        graph, static_x, static_mask, static_out = self._graphs[size]
-        padded = np.zeros((1, size, self.hidden), dtype=np.float32)
-        padded[:, :tokens] = embeddings
-        padded_mask = np.zeros((1, size), dtype=np.int32)
-        padded_mask[:, :tokens] = mask
-        static_x.copy_(torch.from_numpy(padded))
-        static_mask.copy_(torch.from_numpy(padded_mask))
+        if mask.all():
+            return None
+        additive = torch.zeros(mask.shape, dtype=self.dtype).masked_fill_(torch.from_numpy(mask == 0), float("-inf"))
+        return additive[:, None, None, :]
+
+    def one(self, ids: list[int]) -> np.ndarray:
+        """One text's token ids -> (1, hidden) float32, its mean-pooled vector (unit length on a GPU)."""
+        tokens = len(ids)
+        if not self.on_gpu or tokens > QUERY_GRAPH_TOKENS:
+            row = np.asarray([ids], dtype=np.int64)
+            return self.mean_pooled(row, np.ones(row.shape, dtype=np.int32))
+        size = -(-tokens // QUERY_GRAPH_STEP) * QUERY_GRAPH_STEP
+        graph, static_ids, pinned_ids, static_out = self._graphs[size]
+        torch = self._torch
+        with self._replay_lock:
+            buffer = self._pinned_ids_view
+            buffer[:tokens] = ids
+            buffer[tokens:size] = self.pad
+            if torch.cuda.current_device() != self._device_index:
+                with torch.cuda.device(self.device):
+                    return self._replay(graph, static_ids, pinned_ids, static_out)
+            return self._replay(graph, static_ids, pinned_ids, static_out)
+
+    def _replay(self, graph, static_ids, pinned_ids, static_out) -> np.ndarray:
+        static_ids.copy_(pinned_ids, non_blocking=True)
         graph.replay()
-        return static_out.cpu().numpy()
+        self._pinned_out.copy_(static_out, non_blocking=True)
+        self._torch.cuda.current_stream().synchronize()
+        return self._pinned_out_view.copy()[None]
+
+    def _capture(self, tokens: int) -> None:
+        """Captures the graph of one query padded to `tokens`: ids in, the unit mean-pooled vector out."""
+        torch = self._torch
+        static_ids = torch.full((1, tokens), self.pad, dtype=torch.int64, device=self.device)
+        static_ids[0, 0] = self._weights.bos
+
+        def forward():
+            pooled = self._pooled(static_ids)[0]
+            return pooled / pooled.norm()
+
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graph capture requires
+            forward()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the load thread captures while the application may use CUDA on other threads
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            static_out = forward()
+        self._graphs[tokens] = (graph, static_ids[0], self._pinned_ids[:tokens], static_out)

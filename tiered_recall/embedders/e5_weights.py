@@ -63,6 +63,14 @@ class E5Weights:
         blocks = self.q4_blocks("emb.word", self.vocabulary)[token_ids]
         return dequantize(blocks).reshape(*token_ids.shape, self.hidden)
 
+    def input_embeddings(self, token_ids: np.ndarray) -> np.ndarray:
+        """(batch, tokens) ids -> the encoder's input before its first layer norm: word + position + token type
+        vectors, float32 (batch, tokens, hidden)."""
+        embeddings = self.word_vectors(token_ids)
+        embeddings += self.f32("emb.pos")[: token_ids.shape[1] * self.hidden].reshape(token_ids.shape[1], self.hidden)
+        embeddings += self.f32("emb.type")[: self.hidden]
+        return embeddings
+
     def _tensor(self, name: str, dtype: int) -> tuple[int, int, int]:
         try:
             kind, count, offset = self._tensors[name]

@@ -4,7 +4,9 @@ Idempotent and resumable by construction: every turn's id comes from (namespace,
 position), so a re-run derives the same ids; a content hash kept in metadata tells an unchanged
 turn (skipped, not re-embedded) from a changed one (updated under the same id). Each batch is
 written with one all-or-nothing `memory.add` per namespace, so a run killed at any point and run
-again ends with exactly the memories of one clean run.
+again ends with exactly the memories of one clean run. A batch's write runs on a writer thread while the next
+batch is read and embedded (the embedder is the bottleneck: it never waits for a durable write); batches are
+written in order, one at a time.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -62,7 +65,8 @@ class IngestInterrupted(Exception):
 
 
 class MemorySink(Protocol):
-    """What ingestion needs from TieredMemory (tests use an in-memory fake with the same surface)."""
+    """What ingestion needs from TieredMemory (tests use an in-memory fake with the same surface). add is called on
+    ingest's writer thread, one call at a time, while get may be called on the caller's thread meanwhile."""
 
     embedder: Any
 
@@ -158,7 +162,7 @@ class _ProgressReporter:
 
             self.bar = Progress(
                 TextColumn("ingest {task.description}"), BarColumn(), DownloadColumn(),
-                TextColumn("{task.fields[turns]:,} turns, {task.fields[rate]:,.0f}/s"), TimeRemainingColumn(),
+                TextColumn("{task.fields[turns]:,} turns, {task.fields[rate]:,.0f} turns/s"), TimeRemainingColumn(),
                 console=Console(stderr=True), transient=False,
             )
             self.bar.start()
@@ -258,6 +262,7 @@ def ingest(
     try:
         for source in sources:
             run.read(source, format=format, fields=fields)
+        run.writer.wait()  # the last batch's write: its error, if any, is this run's
     finally:
         run.close()
     return run.summary
@@ -317,7 +322,7 @@ class _Run:
                 if isinstance(item, BadRecord):
                     where = f"{source.display}:{item.line}"
                     if not self.skip_bad:
-                        self.flush(source, raw)  # everything before the bad record is stored
+                        self.flush(source, raw, wait=True)  # everything before the bad record is stored
                         raise InvalidInput(f"{where}: {item.message}; fix the record or pass "
                                            f"{fields.given('skip_bad', True)}")
                     summary.note_bad(where, item.message)
@@ -367,10 +372,15 @@ class _Run:
             turn_index=turn_index,
         )
 
-    def flush(self, source: Source, raw: Any) -> None:
+    def flush(self, source: Source, raw: Any, *, wait: bool = False) -> None:
+        """Hands the pending turns to the writer (their write runs while the next batch is read and embedded);
+        wait: return once every batch handed over is written."""
         if self.pending:
             self.writer.write(self.pending, self.summary)
             self.pending.clear()
+        stopping = self.stop is not None and self.stop()
+        if wait or stopping:
+            self.writer.wait()
         try:
             position = raw.tell()
         except (OSError, ValueError):
@@ -381,17 +391,19 @@ class _Run:
             bytes_total=self.bytes_total, elapsed_s=time.perf_counter() - self.started,
             current_source=source.display,
         ))
-        if self.stop is not None and self.stop():
+        if stopping:
             raise IngestInterrupted(self.summary)
 
     def close(self) -> None:
+        self.writer.close()
         self.reporter.close()
         self.summary.conversations = len(self.conversations)
         self.summary.elapsed_s = time.perf_counter() - self.started
 
 
 class _BatchWriter:
-    """Classifies a batch against what is stored (new / changed / unchanged) and upserts the rest."""
+    """Classifies a batch against what is stored (new / changed / unchanged), embeds the rest, and hands their
+    upserts to a writer thread: one batch is written while the next is read and embedded, in order."""
 
     def __init__(self, *, memory: MemorySink, embedder: Any, template: str, context_weight: float | None) -> None:
         self.memory = memory
@@ -400,6 +412,9 @@ class _BatchWriter:
         self.embedder_name = str(getattr(embedder, "name", type(embedder).__name__))
         self.recent_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self.template = template
+        self._thread: ThreadPoolExecutor | None = None
+        self._writing: Future | None = None
+        self._writing_ids: set[int] = set()
 
     def write(self, batch: list[_Pending], summary: IngestSummary) -> None:
         summary.batches += 1
@@ -408,6 +423,8 @@ class _BatchWriter:
         summary.skipped["same position read twice"] += len(batch) - len(unique)
         if not summary.skipped["same position read twice"]:
             del summary.skipped["same position read twice"]
+        if not self._writing_ids.isdisjoint(item.id for item in unique):
+            self.wait()  # what is stored for these ids is what the batch being written leaves
         stored = self.memory.get([item.id for item in unique])
         to_write: list[tuple[_Pending, str, bool]] = []
         for item, existing in zip(unique, stored):
@@ -426,6 +443,28 @@ class _BatchWriter:
             return
         vectors = self._embed([item for item, _, _ in to_write])
         summary.embedded += len(to_write)
+        self.wait()
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiered-recall-ingest-write")
+        self._writing_ids = {item.id for item, _, _ in to_write}
+        self._writing = self._thread.submit(self._store, to_write, vectors, summary)
+
+    def wait(self) -> None:
+        """Returns once the batch being written is stored; raises what stopped its write."""
+        writing, self._writing = self._writing, None
+        self._writing_ids = set()
+        if writing is not None:
+            writing.result()
+
+    def close(self) -> None:
+        """Waits for the batch being written (its error, if any, is left to wait()) and stops the writer thread."""
+        if self._writing is not None:
+            self._writing.exception()
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
+    def _store(self, to_write: list[tuple[_Pending, str, bool]], vectors: np.ndarray, summary: IngestSummary) -> None:
         by_namespace: dict[str, list[int]] = {}
         for index, (item, _, _) in enumerate(to_write):
             by_namespace.setdefault(item.namespace, []).append(index)
