@@ -15,7 +15,7 @@ from ..namespaces import namespace_hash, under_prefix
 from . import planner as P
 from . import validate as check
 from .records import Hit, Memory, PathStats, hit_of
-from .stages import Candidate, Stages, fuse, rerank
+from .stages import Candidate, Stages, fused_pool, rerank
 
 # A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
 # answers; over more it is one cold-tier search filtered to the namespaces (docs/frameworks.md gives the figures).
@@ -170,8 +170,7 @@ class TieredSearch:
             keyword_ids = [] if names == [] else self.cold.text_search(
                 text, k=ranking_depth, namespace=namespace, where=where if names is None else within(names, where)
             )[0].tolist()
-            fused = fuse([i for i, _, _ in vector], keyword_ids, stages.bm25_weight)
-            pooled = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
+            pooled = fused_pool([i for i, _, _ in vector], keyword_ids, stages.bm25_weight, depth)
             missing = [i for i, _ in pooled if i not in memories]
             if missing:  # ranked by BM25 alone; the vector pool's expired memories are the caller's to step over
                 with self.lock:
