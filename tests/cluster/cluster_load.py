@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from tiered_recall.cluster import status
-from tiered_recall.errors import ShardUnavailable, StorageError
+from tiered_recall.errors import ClusterUnavailable, ShardUnavailable, StorageError
 
 from exact import Model, same_answer, unit
 
@@ -57,7 +57,7 @@ class Load:
             try:
                 ids = self.memory.add(["under load"], vectors=rng.standard_normal((1, DIM)), namespace=ns)
                 self.acknowledged[ids[0]] = ns
-            except (ShardUnavailable, StorageError) as exc:
+            except (ClusterUnavailable, ShardUnavailable, StorageError) as exc:  # clear failures, counted
                 self.failures.append(type(exc).__name__)
 
     def _search(self, seed: int) -> None:
@@ -68,7 +68,7 @@ class Load:
                 if not same_answer(self.memory.search(q, k=3, namespace=ns), self.model.exact(q, 3, namespace=ns)):
                     self.wrong.append(ns)
                 self.checked += 1
-            except (ShardUnavailable, StorageError) as exc:
+            except (ClusterUnavailable, ShardUnavailable, StorageError) as exc:  # clear failures, counted
                 self.failures.append(type(exc).__name__)
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ from .shard import RAY_NAMESPACE, actor_name
 # Settings a cluster keeps for life: its manifest's say over what `cluster up` is given.
 FIXED_SETTINGS = ("dim", "embedder", "durability")
 DIRECTORY_CALL_TIMEOUT_S = 600.0
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # the resource Ray gives its head node alone
 
 
 def require_ray():
@@ -147,7 +148,8 @@ def up(config: ClusterConfig, *, shards: int | None = None) -> dict:
         handle = ray.remote(Directory).options(
             # restarted without end; a call it was running is not run again (adding a shard twice would add two)
             name=name, namespace=RAY_NAMESPACE, lifetime="detached", max_restarts=-1, max_task_retries=0,
-            num_cpus=0, get_if_exists=True).remote(config.name, config.public(), config.storage_options)
+            # on the head node, whose loss ends the Ray cluster anyway: a worker's loss never takes it away
+            num_cpus=0, resources={HEAD_NODE_RESOURCE: 0.001}, get_if_exists=True).remote(config.name, config.public(), config.storage_options)
     layout = initial_layout(alive_nodes(), config, shards)
     if not layout:
         raise ClusterUnavailable("no Ray node has the CPUs a shard reserves (cpus_per_shard) or a GPU: add nodes, or "

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ShardUnavailable
+from ..errors import ClusterUnavailable, ShardUnavailable
 from . import launch, replies
 from .colocated import CoLocatedShard
 from .config import ClusterConfig, config_from_public
@@ -70,6 +70,15 @@ class ClusterSession:
             self._refreshed_at = time.monotonic()
             if force and self._colocated_wanted:
                 self._reconcile_colocated()
+
+    def refresh_or_reason(self, force: bool = False) -> str | None:
+        """refresh() inside a retry loop: a directory that is restarting is one more reason to wait (None when the
+        layout was read)."""
+        try:
+            self.refresh(force)
+        except ClusterUnavailable as exc:
+            return str(exc)
+        return None
 
     def _open_colocated(self) -> None:
         """Opens, in this process, the store of every shard that runs on this node (where its folder is)."""
@@ -189,16 +198,16 @@ class ClusterSession:
                 redirects += 1
                 if reply.vouched:
                     self._vouched[namespace] = self.view.target
+                reason = f"redirected to {reply.to}"
                 if reply.version > self.view.version or redirects > _REDIRECTS_MAX:
-                    self.refresh()
+                    reason = self.refresh_or_reason() or reason
                     redirects = 0
                 shard = reply.to
                 self._hints[namespace] = shard
-                reason = f"redirected to {shard}"
             else:
                 reason = str(reply.value or reply.kind)
                 self._pause(deadline, reply.retry_s, namespace, reason)
-                self.refresh()
+                reason = self.refresh_or_reason() or reason
                 shard = self._hints.get(namespace) or self.view.route(namespace)
             if time.monotonic() > deadline:
                 self._give_up(namespace, reason)
@@ -223,7 +232,7 @@ class ClusterSession:
             reason = "; ".join(f"{s}: {got[s].value or got[s].kind}" for s in waiting)
             retry_s = max([got[s].retry_s for s in waiting] + [0.01])
             self._pause(deadline, retry_s, None, reason)
-            self.refresh(force=True)
+            self.refresh_or_reason(force=True)  # a directory restarting: the shards' versions say why, next time
 
     def _pause(self, deadline: float, seconds: float, namespace: str | None, reason: str) -> None:
         if time.monotonic() + seconds > deadline:
