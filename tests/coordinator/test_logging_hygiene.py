@@ -68,6 +68,12 @@ def test_the_package_logs_only_under_its_own_logger() -> None:
     for source in sorted(PACKAGE.rglob("*.py")):
         for call in _logger_calls(ast.parse(source.read_text(), filename=str(source))):
             offenders.append(f"{source.relative_to(PACKAGE.parent)}: {call}")
-    # The one allowed reach for the root logger: embedders._root_logger_kept, which puts it back.
-    offenders = [line for line in offenders if not line.startswith("tiered_recall/embedders/wordllama.py: logging.getLogger()")]
-    assert offenders == []
+    allowed = (
+        # embedders._root_logger_kept reaches the root logger to put it back as it was
+        "tiered_recall/embedders/wordllama.py: logging.getLogger()",
+        # serve(log_file=...) runs the MCP server as the process itself: its log file is the process's logging
+        "tiered_recall/integrations/mcp_server.py: logging.basicConfig",
+        # the test parts quiet the test S3 server's per-request lines; applications never import them
+        "tiered_recall/testing/cluster_parts.py: logging.getLogger('werkzeug')",
+    )
+    assert [line for line in offenders if not line.startswith(allowed)] == []
