@@ -6,6 +6,10 @@ default (quality) preset.
 
     python benchmarks/open_time.py                      # 5 rounds, 2,000 memories
     python benchmarks/open_time.py --runs 9 --json experiments/open-time.json
+    python benchmarks/open_time.py --chroma-python /path/to/a/venv/with/chromadb/bin/python
+
+Chroma's default embedder fetches its model from the internet on first use, which this benchmark's machines cannot:
+the peer's row is its import and a PersistentClient with one collection opened, without the embedder's load.
 """
 from __future__ import annotations
 
@@ -77,14 +81,19 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="alternated rounds (default 5)")
     parser.add_argument("--memories", type=int, default=2000, help="memories in the store (default 2,000)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--chroma-python", default=None,
+                        help="a Python with chromadb installed, for the peer's row (default: this one, if it has it)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="tr-open-time-")
     env = {**os.environ, "XDG_DATA_HOME": os.path.join(work, "data"), "PYTHONUNBUFFERED": "1"}
     store = Path(work) / "store"
     try:
         make_store(store, args.memories, env, work)
-        chroma = shutil.which("python3") is not None and subprocess.run(
-            [sys.executable, "-c", "import chromadb"], capture_output=True, env=env, cwd=work).returncode == 0
+        chroma_python = args.chroma_python or sys.executable
+        chroma = subprocess.run([chroma_python, "-c", "import chromadb"], capture_output=True, env=env,
+                                cwd=work).returncode == 0
+        if args.chroma_python and not chroma:
+            raise SystemExit(f"--chroma-python {args.chroma_python} cannot import chromadb: give a Python that has it")
         rows: dict[str, list[float]] = {}
 
         def note(name: str, seconds: float) -> None:
@@ -110,7 +119,7 @@ def main() -> int:
             note("peer: import lancedb, wall", wall([sys.executable, "-c", PEER_LANCEDB], env, work)[0])
             if chroma:
                 note("peer: import chromadb + PersistentClient, wall",
-                     wall([sys.executable, "-c", PEER_CHROMA, os.path.join(work, "chroma")], env, work)[0])
+                     wall([chroma_python, "-c", PEER_CHROMA, os.path.join(work, "chroma")], env, work)[0])
         medians = {name: statistics.median(values) for name, values in rows.items()}
         width = max(len(name) for name in medians)
         print(f"{'':{width}}  median s  (min - max over {args.runs} rounds)")

@@ -42,7 +42,6 @@ class E5Embedder:
         self.dim = self._weights.hidden
         self.name = f"multilingual-e5-small-{self.dim}"
         self.max_tokens = max_tokens
-        self._tokenizer = _tokenizer(self._weights)
         self._normalise = str.maketrans(self._weights.normalisation)
         if backend == "auto":
             backend = "torch" if device != "cpu" and _torch_sees_a_gpu() else "onnx"
