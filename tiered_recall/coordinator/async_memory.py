@@ -98,4 +98,4 @@ class AsyncTieredMemory:
         await self.aclose()
 
     def __repr__(self) -> str:
-        return f"AsyncTieredMemory({self.memory!r})"
+        return f"{type(self).__name__}({self.memory!r})"
