@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from ingest_fakes import FakeMemory
-from tiered_recall.embedders import WordLlamaEmbedder
 from tiered_recall.errors import InvalidInput
 from tiered_recall.ingest import ingest
 
@@ -23,16 +22,6 @@ CAPITAL = "1d3c1f6e-5b7a-4c2e-9f00-000000000002"
 SYSTEM_OR_TOOL = "system or tool message (keep_system=True stores them)"
 HIDDEN = "hidden message (the app's own, not shown in the chat) (keep_system=True stores them)"
 ONLY_OTHER_PARTS = "no text (only images, files or other parts that are not text)"
-
-
-@pytest.fixture(scope="module")
-def embedder() -> WordLlamaEmbedder:
-    return WordLlamaEmbedder(dim=64)
-
-
-@pytest.fixture
-def memory(embedder: WordLlamaEmbedder) -> FakeMemory:
-    return FakeMemory(embedder)
 
 
 def run(path, memory: FakeMemory, **options):

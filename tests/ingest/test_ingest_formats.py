@@ -11,21 +11,10 @@ from pathlib import Path
 import pytest
 
 from ingest_fakes import FakeMemory
-from tiered_recall.embedders import WordLlamaEmbedder
 from tiered_recall.errors import InvalidInput
 from tiered_recall.ingest import IngestSummary, ingest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
-
-
-@pytest.fixture(scope="module")
-def embedder() -> WordLlamaEmbedder:
-    return WordLlamaEmbedder(dim=64)
-
-
-@pytest.fixture
-def memory(embedder: WordLlamaEmbedder) -> FakeMemory:
-    return FakeMemory(embedder)
 
 
 def stored(memory: FakeMemory) -> list:

@@ -22,16 +22,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
 TESTS = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def embedder() -> WordLlamaEmbedder:
-    return WordLlamaEmbedder(dim=64)
-
-
-@pytest.fixture
-def memory(embedder: WordLlamaEmbedder) -> FakeMemory:
-    return FakeMemory(embedder)
-
-
 def write_messages(path: Path, texts: list[str], *, session: str = "s") -> Path:
     with open(path, "w", encoding="utf-8") as handle:
         for index, text in enumerate(texts):

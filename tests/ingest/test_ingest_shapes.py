@@ -8,20 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest_fakes import FakeMemory
-from tiered_recall.embedders import WordLlamaEmbedder
 from tiered_recall.errors import InvalidInput
 from tiered_recall.ingest import ingest
-
-
-@pytest.fixture(scope="module")
-def embedder() -> WordLlamaEmbedder:
-    return WordLlamaEmbedder(dim=64)
-
-
-@pytest.fixture
-def memory(embedder: WordLlamaEmbedder) -> FakeMemory:
-    return FakeMemory(embedder)
 
 
 def write_jsonl(path: Path, records: list) -> Path:
