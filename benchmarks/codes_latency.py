@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import numpy as np
 
 from tiered_recall.hot import HotTier, start_sidecar
 from tiered_recall.testing.timing import time_calls
+
+from hot_latency_cuda import copy_bandwidth, measure_qps  # the GPU benchmarks' copy floor and client processes
 
 
 def unit_rows(rng: np.random.Generator, n: int, dim: int, uniform: bool = False) -> np.ndarray:
@@ -137,53 +138,6 @@ def print_cpu(out: dict) -> None:
 
 # ---- CUDA ----------------------------------------------------------------------------------------------------------
 
-def copy_bandwidth(torch) -> float:
-    """Device-to-device copy, bytes read + written per second (hot_latency_cuda.py's convention)."""
-    nbytes = 2 << 30
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1e3
-    del a, b
-    torch.cuda.empty_cache()
-    return 2.0 * nbytes * 10 / seconds
-
-
-def _client(name: str, dim: int, k: int, seconds: float, start_at: float, seed: int, out) -> None:
-    hot = HotTier.attach(name, timeout_s=60)
-    queries = unit_rows(np.random.default_rng(seed), 256, dim, uniform=True)
-    for q in queries[:20]:
-        hot.search(q, k=k)
-    while time.time() < start_at:
-        time.sleep(0.0005)
-    n, end = 0, start_at + seconds
-    while time.time() < end:
-        hot.search(queries[n % 256], k=k)
-        n += 1
-    hot.close()
-    out.put(n)
-
-
-def qps(name: str, dim: int, k: int, clients: int, seconds: float) -> float:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    start_at = time.time() + 3.0 + 0.1 * clients
-    procs = [ctx.Process(target=_client, args=(name, dim, k, seconds, start_at, 1000 + i, out)) for i in range(clients)]
-    for p in procs:
-        p.start()
-    total = sum(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-    return total / seconds
-
-
 def run_cuda(args) -> dict:
     import torch
 
@@ -258,7 +212,7 @@ def run_cuda(args) -> dict:
             if rows == args.qps_rows:
                 for c in args.clients:
                     for codes, name in names.items():
-                        r = {"rows": rows, "clients": c, "codes": codes, "qps": qps(name, dim, k, c, args.qps_seconds)}
+                        r = {"rows": rows, "clients": c, "codes": codes, "qps": measure_qps(name, dim, k, c, args.qps_seconds)["qps"]}
                         out["qps"].append(r)
                         print(f"  {c:>2} clients, codes {codes}: {r['qps']:9.0f} QPS", flush=True)
         for h in hots.values():
