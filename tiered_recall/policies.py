@@ -35,11 +35,14 @@ Policy state is per process (see TieredMemory): with several writers the sidecar
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from .errors import InvalidInput
+
+if TYPE_CHECKING:  # the table a policy ranks lives with the placement that keeps it
+    from .coordinator.placement import HotSet
 
 
 class Policy:

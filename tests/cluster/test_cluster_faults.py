@@ -12,10 +12,10 @@ import pytest
 
 from tiered_recall.cluster import add_shard, remove_shard, status
 from tiered_recall.cluster.hashing import owner
-from tiered_recall.errors import ShardUnavailable, StorageError
+from tiered_recall.errors import ShardUnavailable
 from tiered_recall.namespaces import namespace_name
 
-from cluster_load import DIM, Load, fill, shard_on_a_worker
+from cluster_load import DIM, Load, fill
 from exact import Model, same_answer, unit
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -80,7 +80,7 @@ def test_the_page_adds_lists_searches_deletes_and_charts(browser, text_store, se
     assert text_store.count("users/alice") == 3
 
     # the namespace is listed with its count; opened, its memories come newest first
-    entry = f'#namespaces li[data-namespace="users/alice"]'
+    entry = '#namespaces li[data-namespace="users/alice"]'
     _wait(browser, lambda d: "3" in by_id(By.CSS_SELECTOR, entry).text, "users/alice listed with 3 memories")
     by_id(By.CSS_SELECTOR, f"{entry} button").click()
     rows = lambda: by_id(By.ID, "memories").find_elements(By.CSS_SELECTOR, "tbody tr")  # noqa: E731

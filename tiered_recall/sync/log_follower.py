@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .log_format import HEADER_SIZE, Deleted, Rows, decode_record, log_path, parse_records, read_all, read_header, \
+from .log_format import HEADER_SIZE, Deleted, Header, Rows, decode_record, log_path, parse_records, read_all, read_header, \
     record_end
 
 
