@@ -26,9 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from tiered_recall.hot import HotTier, start_sidecar
+from tiered_recall.testing.gpu_bench import copy_bandwidth, measure_qps
 from tiered_recall.testing.timing import time_calls
-
-from hot_latency_cuda import copy_bandwidth, measure_qps  # the GPU benchmarks' copy floor and client processes
 
 
 def unit_rows(rng: np.random.Generator, n: int, dim: int, uniform: bool = False) -> np.ndarray:
@@ -212,7 +211,8 @@ def run_cuda(args) -> dict:
             if rows == args.qps_rows:
                 for c in args.clients:
                     for codes, name in names.items():
-                        r = {"rows": rows, "clients": c, "codes": codes, "qps": measure_qps(name, dim, k, c, args.qps_seconds)["qps"]}
+                        qps = measure_qps(name, dim, k, c, args.qps_seconds)["qps"]
+                        r = {"rows": rows, "clients": c, "codes": codes, "qps": qps}
                         out["qps"].append(r)
                         print(f"  {c:>2} clients, codes {codes}: {r['qps']:9.0f} QPS", flush=True)
         for h in hots.values():
