@@ -46,6 +46,21 @@ void tr_client_unregister(void *base, int32_t index, int32_t pid) {
     __atomic_compare_exchange_n(&clients[index].pid, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
+/* A request is coming within `within_ns` (a text search while it embeds its query): the server stays awake until
+ * then (layout.h: awake_until_ns; at most TR_AWAKE_AHEAD_MAX_NS ahead). Only ever moves the deadline later; wakes a
+ * sleeping server, as a request does. */
+void tr_client_expect(void *base, uint64_t within_ns) {
+    tr_header *h = base;
+    if (within_ns > TR_AWAKE_AHEAD_MAX_NS) within_ns = TR_AWAKE_AHEAD_MAX_NS;
+    const uint64_t until = tr_now_ns() + within_ns;
+    uint64_t seen = __atomic_load_n(&h->awake_until_ns, __ATOMIC_RELAXED);
+    while (seen < until &&
+           !__atomic_compare_exchange_n(&h->awake_until_ns, &seen, until, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+    }
+    __atomic_fetch_add(&h->doorbell, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&h->server_sleeping, __ATOMIC_SEQ_CST)) tr_futex_wake(&h->doorbell, 1);
+}
+
 static void release_slot(tr_slot *slot) {
     slot->owner_pid = 0;
     tr_store_release(&slot->state, (uint32_t)TR_SLOT_FREE);

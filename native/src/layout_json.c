@@ -25,7 +25,7 @@ void tr_print_layout_json(void) {
     FIELD(tr_header, ns_offset) FIELD(tr_header, slots_offset) FIELD(tr_header, codes) FIELD(tr_header, owner_pid)
     FIELD(tr_header, owner_uid) FIELD(tr_header, state) FIELD(tr_header, started_ns)
     FIELD(tr_header, heartbeat_ns) FIELD(tr_header, doorbell) FIELD(tr_header, server_sleeping)
-    FIELD(tr_header, busy_clients) FIELD(tr_header, cores)
+    FIELD(tr_header, busy_clients) FIELD(tr_header, cores) FIELD(tr_header, awake_until_ns)
     FIELD(tr_header, hot_rows) FIELD(tr_header, requests) FIELD(tr_header, searches)
     FIELD(tr_header, queries) FIELD(tr_header, upserted_rows) FIELD(tr_header, deleted_rows)
     FIELD(tr_header, evicted_rows) FIELD(tr_header, errors) FIELD(tr_header, reclaimed_slots)
@@ -57,7 +57,7 @@ void tr_print_layout_json(void) {
     printf("}},\n \"constants\": {");
     first = 1;
     CONST(TR_HEADER_BYTES) CONST(TR_SLOT_HEADER_BYTES) CONST(TR_MESSAGE_BYTES) CONST(TR_MAX_CLIENTS)
-    CONST(TR_LATENCY_BUCKETS) CONST(TR_MAX_DIM) CONST(TR_MAX_K) CONST(TR_NAME_MAX)
+    CONST(TR_LATENCY_BUCKETS) CONST(TR_MAX_DIM) CONST(TR_MAX_K) CONST(TR_AWAKE_AHEAD_MAX_NS) CONST(TR_NAME_MAX)
     CONST(TR_DTYPE_F32) CONST(TR_DTYPE_F16) CONST(TR_BACKEND_CPU) CONST(TR_BACKEND_CUDA)
     CONST(TR_CODES_OFF) CONST(TR_CODES_INT8) CONST(TR_CODES_ROW_ALIGN) CONST(TR_CODES_ROW_META_CPU)
     CONST(TR_CODES_ROW_META_CUDA)

@@ -35,6 +35,18 @@ struct search_batch {
 };
 typedef struct search_batch search_batch;
 
+/* A client expects to send a request soon (tr_client_expect): keep polling. A deadline further ahead than
+ * TR_AWAKE_AHEAD_MAX_NS (a stray write, or another clock) is brought back to that, so it always ends. */
+static int awaited(tr_server *s, uint64_t now) {
+    uint64_t until = __atomic_load_n(&s->h->awake_until_ns, __ATOMIC_ACQUIRE);
+    if (until <= now) return 0;
+    if (until - now > TR_AWAKE_AHEAD_MAX_NS) {
+        uint64_t capped = now + TR_AWAKE_AHEAD_MAX_NS;
+        __atomic_compare_exchange_n(&s->h->awake_until_ns, &until, capped, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED);
+    }
+    return 1;
+}
+
 int tr_server_init(tr_server *s, tr_segment *seg, const tr_backend_ops *ops, void *backend,
                    const tr_server_options *opt, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
@@ -410,7 +422,7 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
          * as many busy client processes as cores, a spinning server takes a core from them (their own work, and the
          * writes they wait on), so it sleeps on the doorbell at once. While it spins it hands the core to any
          * other runnable task at each clock read (the yield returns at once when there is none). */
-        if (now - last_busy < s->opt.idle_spin_ns && s->busy_clients < s->cores) {
+        if ((now - last_busy < s->opt.idle_spin_ns || awaited(s, now)) && s->busy_clients < s->cores) {
             sched_yield();
             continue;
         }
@@ -419,7 +431,10 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
          * server_sleeping and wakes us, or our scan below sees its request. */
         __atomic_store_n(&h->server_sleeping, 1, __ATOMIC_SEQ_CST);
         uint32_t bell = __atomic_load_n(&h->doorbell, __ATOMIC_SEQ_CST);
-        if (!serve_ready(s) && !s->flight && !(s->batch && s->batch->n)) tr_futex_wait(&h->doorbell, bell, SWEEP_INTERVAL_NS);
+        /* a client's expect after the check above rang the bell before this read, or finds server_sleeping set */
+        const int expected = awaited(s, tr_now_ns()) && s->busy_clients < s->cores;
+        if (!serve_ready(s) && !s->flight && !(s->batch && s->batch->n) && !expected)
+            tr_futex_wait(&h->doorbell, bell, SWEEP_INTERVAL_NS);
         else last_busy = tr_now_ns();
         __atomic_store_n(&h->server_sleeping, 0, __ATOMIC_SEQ_CST);
     }

@@ -38,6 +38,11 @@ DEFERRED_LOG_BYTES = 64 * 1024
 CATCH_UP_WAIT_S = 0.002
 # How often both look meanwhile.
 HOLDER_POLL_S = 0.0002
+# A text search keeps the sidecar polling while it embeds its query only on a machine of at least this many cores:
+# on 2 cores the polling sidecar competed with the embedder and the application (p99 up, p50 no better), while on a
+# GPU machine a sleeping CUDA sidecar also stops its persistent kernel, which the search then waits to start again.
+EXPECT_MIN_CORES = 4
+_CORES = os.cpu_count() or 1
 
 
 def sidecar_name_of(path: str | os.PathLike) -> str:
@@ -202,6 +207,17 @@ class HotLink:
     def retry_soon(self) -> None:
         """The next ensure() tries to attach at once, not after the reconnect backoff."""
         self._next_try = 0.0
+
+    def expect(self, seconds: float) -> None:
+        """A search request follows within `seconds` (its query is being embedded): the sidecar, if one is
+        attached and the machine has EXPECT_MIN_CORES, stays awake for it (HotTier.expect). A sidecar found gone is
+        left to the search to find."""
+        hot = self.hot
+        if hot is not None and _CORES >= EXPECT_MIN_CORES:
+            try:
+                hot.expect(seconds)
+            except SidecarUnavailable:
+                pass
 
     def drop(self, reason: str) -> None:
         """Detaches from the sidecar, keeping `reason` as the error; the placement's tracking is no longer trusted,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes as C
 
 MAGIC = 0x004C4C4143455254
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 HEADER_BYTES = 1024
 SLOT_HEADER_BYTES = 256
 MESSAGE_BYTES = 160
@@ -13,6 +13,7 @@ MAX_CLIENTS = 1024
 LATENCY_BUCKETS = 64
 MAX_DIM = 8192
 MAX_K = 256
+AWAKE_AHEAD_MAX_NS = 50_000_000  # the furthest ahead of the sidecar's clock a client's awake_until_ns reaches
 NAME_MAX = 200
 SEGMENT_PREFIX = "tiered-recall."
 
@@ -140,7 +141,8 @@ class Header(C.Structure):
         ("server_sleeping", C.c_uint32),
         ("busy_clients", C.c_uint32),
         ("cores", C.c_uint32),
-        ("_reserved3", C.c_uint8 * 48),
+        ("awake_until_ns", C.c_uint64),
+        ("_reserved3", C.c_uint8 * 40),
         ("hot_rows", C.c_uint64),
         ("requests", C.c_uint64),
         ("searches", C.c_uint64),
@@ -243,6 +245,7 @@ CONSTANTS = {
     "TR_HEADER_BYTES": HEADER_BYTES, "TR_SLOT_HEADER_BYTES": SLOT_HEADER_BYTES,
     "TR_MESSAGE_BYTES": MESSAGE_BYTES, "TR_MAX_CLIENTS": MAX_CLIENTS,
     "TR_LATENCY_BUCKETS": LATENCY_BUCKETS, "TR_MAX_DIM": MAX_DIM, "TR_MAX_K": MAX_K,
+    "TR_AWAKE_AHEAD_MAX_NS": AWAKE_AHEAD_MAX_NS,
     "TR_NAME_MAX": NAME_MAX, "TR_DTYPE_F32": DTYPE_F32, "TR_DTYPE_F16": DTYPE_F16,
     "TR_BACKEND_CPU": BACKEND_CPU, "TR_BACKEND_CUDA": BACKEND_CUDA,
     "TR_CODES_OFF": CODES_OFF, "TR_CODES_INT8": CODES_INT8, "TR_CODES_ROW_ALIGN": CODES_ROW_ALIGN,

@@ -82,6 +82,8 @@ def client_library() -> C.CDLL:
         C.c_int64,  # yield_ns
         C.POINTER(L.CallResult),
     ]
+    lib.tr_client_expect.restype = None
+    lib.tr_client_expect.argtypes = [C.c_void_p, C.c_uint64]
     lib.tr_client_search.restype = C.c_int
     lib.tr_client_search.argtypes = [C.c_void_p]  # const tr_search_call * (L.SearchCall), by address
     if lib.tr_client_abi_version() != L.LAYOUT_VERSION:

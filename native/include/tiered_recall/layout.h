@@ -30,7 +30,7 @@
 #define TR_MAGIC 0x004C4C4143455254ULL
 /* Bump on any change to a struct, constant or payload formula below, or to libtrclient's call interface
  * (tiered_recall/client.h). */
-#define TR_LAYOUT_VERSION 5u
+#define TR_LAYOUT_VERSION 6u
 
 #define TR_CACHELINE 64u
 #define TR_HEADER_BYTES 1024u
@@ -41,6 +41,8 @@
 
 #define TR_MAX_DIM 8192u
 #define TR_MAX_K 256u
+/* The furthest ahead (of the server's clock) a client's awake_until_ns keeps the server polling. */
+#define TR_AWAKE_AHEAD_MAX_NS 50000000ull
 #define TR_MIN_SLOT_PAYLOAD_BYTES (256u * 1024u)
 #define TR_NAME_MAX 200u /* segment name characters after the prefix */
 #define TR_SEGMENT_PREFIX "tiered-recall."
@@ -191,7 +193,13 @@ typedef struct tr_header {
      * tiered_recall/hot/client.py). */
     uint32_t busy_clients;
     uint32_t cores;
-    uint8_t reserved3[256 - 208];
+    /* CLOCK_MONOTONIC: a client expects to send a request before then (a text search while it embeds its query,
+     * tr_client_expect): an idle server keeps polling until then (at most TR_AWAKE_AHEAD_MAX_NS past its own
+     * clock) instead of going to sleep, and a sleeping one is woken, so the request finds it awake (and a CUDA
+     * server's persistent kernel running). Advisory, like busy_clients: it changes how soon an answer comes, never
+     * what it is; the server keeps to its rule of not polling while the clients take every core. */
+    uint64_t awake_until_ns;
+    uint8_t reserved3[256 - 216];
     /* counters, written by the server only */
     uint64_t hot_rows;
     uint64_t requests;
@@ -253,6 +261,7 @@ TR_STATIC_ASSERT(sizeof(tr_header) == TR_HEADER_BYTES, "tr_header must stay 1024
 TR_STATIC_ASSERT(offsetof(tr_header, codes) == 96, "codes after the geometry");
 TR_STATIC_ASSERT(offsetof(tr_header, owner_pid) == 128, "liveness block starts at 128");
 TR_STATIC_ASSERT(offsetof(tr_header, doorbell) == 192, "doorbell line starts at 192");
+TR_STATIC_ASSERT(offsetof(tr_header, awake_until_ns) == 208, "awake_until_ns in the doorbell line");
 TR_STATIC_ASSERT(offsetof(tr_header, hot_rows) == 256, "counters start at 256");
 TR_STATIC_ASSERT(offsetof(tr_header, latency_hist) == 512, "histogram starts at 512");
 TR_STATIC_ASSERT(sizeof(tr_slot) == TR_SLOT_HEADER_BYTES, "tr_slot must stay 256 bytes");
