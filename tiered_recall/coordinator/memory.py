@@ -46,6 +46,11 @@ SIDECAR_SPIN_BESIDE_E5_US = 250
 # A store of at most this many memories builds its BM25 index in the background at open, for the first text search:
 # the build holds the cold tier's lock (every search waits for it), a few hundred milliseconds at this size.
 TEXT_INDEX_WARM_MAX_ROWS = 50_000
+# A text search asks the sidecar to stay awake this many of its recent query embeddings, plus the margin: long enough
+# for most, and the sidecar polls on no longer than that after the search.
+EXPECT_EMBEDDING_FACTOR = 1.5
+EXPECT_MARGIN_S = 0.0002
+CHECKED_NAMES_KEPT = 4096  # namespace names a store remembers as checked (a search checks a new one once)
 
 
 class TieredMemory:
@@ -152,6 +157,8 @@ class TieredMemory:
                              idle_spin_us=SIDECAR_SPIN_BESIDE_E5_US if isinstance(self.embedder, E5Embedder) else None)
         self.sidecar_name = self._link.sidecar_name
         self._closed = False
+        self._checked_names: dict[str, str] = {}
+        self._embedding_s = 0.0  # a query's embedding time, a moving average (how long the sidecar should wait)
         self._attach_at_open(device)
         self._expiry = ExpirySweeper(lambda candidates: sweep_expired(self, candidates), ttl_sweep_s)
         if not self.read_only:
@@ -434,6 +441,12 @@ class TieredMemory:
         Stages those stages; a staged hit's score is the stages' score (best 1), not a cosine. refresh_ttl=True
         starts the time to live of every hit that has one again from now.
         """
+        if type(query) is np.ndarray and type(k) is int and type(namespace) is str and namespace_prefix is None \
+                and where is None and not hybrid and stages is None and not explain and not refresh_ttl \
+                and not self._closed and k >= 1 and not tracing():
+            hits = self._search.hot_alone(query, k, self._stored_name(namespace))
+            if hits is not None:
+                return hits
         self._check_open()
         if hybrid and not isinstance(query, str):
             raise InvalidInput("hybrid=True needs a text query (BM25 ranks texts): pass the query text")
@@ -467,11 +480,28 @@ class TieredMemory:
             return SearchReport(hits, answer.rule, answer.path, answer.hot_kth, answer.cold_bound, seconds, chosen)
         return hits
 
+    def _stored_name(self, namespace: str) -> str:
+        """A namespace given as a str, checked (InvalidInput as search() raises it) and remembered: a search path
+        that checks it once per name."""
+        name = self._checked_names.get(namespace)
+        if name is None:
+            name = check.namespace(namespace)
+            if len(self._checked_names) >= CHECKED_NAMES_KEPT:
+                self._checked_names.clear()
+            self._checked_names[namespace] = name
+        return name
+
     def _search_live(self, query: Any, k: int, namespace: str | None, prefix: str | None, where: str | None,
                      hybrid: bool, refresh_ttl: bool, stages: Stages | None):
         """The query embedded (or checked), then the search path (search.py) over its scope."""
         started = time.perf_counter()
-        q = query_vector(query, self.embedder, self.dim)
+        if isinstance(query, str) and self.embedder is not None:
+            # The sidecar would fall asleep while the query is embedded, and the search would pay its wake-up.
+            self._link.expect(EXPECT_EMBEDDING_FACTOR * self._embedding_s + EXPECT_MARGIN_S)
+            q = query_vector(query, self.embedder, self.dim)
+            self._embedding_s += 0.2 * (time.perf_counter() - started - self._embedding_s)
+        else:
+            q = query_vector(query, self.embedder, self.dim)
         return self._search.live(q, query if isinstance(query, str) else None, k, namespace, prefix, where, hybrid,
                                  refresh_ttl, stages, started)
 

@@ -127,7 +127,7 @@ def hit_of(memory: Memory, score: float, tier: str) -> Hit:
     attribute dict, not through Hit(...): a frozen dataclass's __init__ sets each of its eleven fields through
     object.__setattr__, which made building the hits the largest cost of a hot search after the hot tier itself.
     The Hit is the same (fields, equality, repr)."""
-    fields = dict(memory.__dict__)
+    fields = memory.__dict__.copy()
     fields["score"] = score
     fields["tier"] = tier
     hit = _new_object(Hit)
@@ -234,6 +234,20 @@ class MemoryCache:
                 memory = memory_of(row)
                 self.remember(memory)
                 found[memory.id] = memory
+        return found
+
+    def cached(self, ids: list[int]) -> list[Memory] | None:
+        """The memories of ids in their order when every one is cached as a Memory, else None (lookup() then reads
+        what is missing): a hot answer's fast path reads nothing else."""
+        rows = self._rows
+        with self._lock:
+            try:
+                found = [rows[i] for i in ids]
+            except KeyError:
+                return None
+        for memory in found:
+            if type(memory) is not Memory:
+                return None
         return found
 
     def warm(self, batch: int = 5000, stop=lambda: False) -> int:

@@ -4,6 +4,7 @@ decisions are the planner's (planner.py); this module gathers their evidence and
 prefix, the hybrid and staged text searches, and the deeper search that steps over expired memories."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -119,6 +120,71 @@ class TieredSearch:
         self.rule_seconds.record(answer.rule, seconds)
         self.metrics.observe_search(answer.path, answer.rule, seconds)
         return hits, answer, seconds
+
+    # ---- the hot tier's answer alone, in one pass ---------------------------------------------
+    def hot_alone(self, query: np.ndarray, k: int, namespace: str) -> list[Hit] | None:
+        """A vector search of one namespace that the hot tier holds whole (rule "complete"), carried out in one
+        pass: the same hits, and the same bookkeeping (the placement policy's tick and uses, the latency records
+        and metrics), as live() gives it. None, having changed nothing, when the search is not one it takes (a
+        Scoring, no "complete" rule, a query that needs checking or normalising in float64, no certified sidecar,
+        a namespace not held whole, a write between the certificate's two reads, a hit whose memory is not cached or
+        has expired): live() then answers. query: a float32 array of shape (dim,); namespace: a stored name."""
+        started = time.perf_counter()
+        if self.scoring is not None or "complete" not in self.rules or k > check.MAX_K:
+            return None
+        link = self.link
+        hot = link.hot
+        if hot is None or link.backlog or not hot.serving() or (hot.backend == "cpu" and hot.no_spare_core):
+            return None  # the plan may not ask the hot tier, or must catch it up first
+        if query.dtype != np.float32 or query.shape != (self.dim,):
+            return None
+        wide = query.astype(np.float64)  # the same unit vector as validate.unit_query's
+        square = float(np.dot(wide, wide))
+        if not 1e-60 < square < 1e60:
+            return None  # zeros, NaN or infinities, or far outside float32's range: the checks say what is wrong
+        q = np.ascontiguousarray(query) / np.float32(math.sqrt(square))
+        ns_hash = namespace_hash(namespace)
+        with self.lock:
+            if link.hot is not hot:
+                return None
+            token = link.token(ns_hash)
+            if token is None:
+                return None
+            hot_rows, total_rows = hot.namespace_rows(ns_hash)
+            if hot_rows != total_rows:
+                return None
+            try:
+                res = hot.search(q, k=min(k, hot.max_k), namespace_hash=ns_hash)
+            except SidecarUnavailable:
+                return None  # live() asks again and finds it gone
+            hot_rows, total_rows = hot.namespace_rows(ns_hash)
+            if hot_rows != total_rows or not link.still(token):
+                return None
+            n = res.hits
+            ids = res.ids[0, :n].tolist()
+            scores = res.scores[0, :n].tolist()
+            memories = self.cache.cached(ids)
+            if memories is None:
+                return None
+            now_us = time.time_ns() // 1000
+            for m in memories:
+                if m.expires_at is not None and m.expires_at.timestamp() * 1e6 <= now_us:
+                    return None  # live() steps over it
+            if any(scores[i] <= scores[i + 1] for i in range(n - 1)):  # a tie: the smaller id first, as rank()
+                order = sorted(range(n), key=lambda j: (-scores[j], ids[j]))
+                ids, scores, memories = [ids[j] for j in order], [scores[j] for j in order], \
+                    [memories[j] for j in order]
+            placement = self.placement
+            placement.tick += 1
+            self.policy.observe(namespace, placement.tick)
+            hot.note_work()
+            placement.use(ids)
+        hits = [hit_of(m, s, "hot") for m, s in zip(memories, scores)]
+        seconds = time.perf_counter() - started
+        self.paths.record("hot", seconds)
+        self.rule_seconds.record("complete", seconds)
+        self.metrics.observe_search("hot", "complete", seconds)
+        return hits
 
     # ---- scopes ---------------------------------------------------------------------------------
     def scope(self, q: np.ndarray, text: str | None, k: int, namespace: str | None, prefix: str | None,

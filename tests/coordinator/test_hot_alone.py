@@ -1,0 +1,116 @@
+"""The one-pass path of a vector search the hot tier answers whole (TieredSearch.hot_alone): the same hits and the same
+bookkeeping as the general path, and the general path wherever it does not apply."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tiered_recall.scoring import Scoring
+from tiered_recall.coordinator.search import TieredSearch
+
+DIM = 16
+
+
+def unit_rows(rng, n, dim=DIM):
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def count_one_pass(monkeypatch):
+    """Counts the searches hot_alone answered and those it handed to the general path."""
+    counts = {"answered": 0, "declined": 0}
+    original = TieredSearch.hot_alone
+
+    def counted(self, *args):
+        hits = original(self, *args)
+        counts["answered" if hits is not None else "declined"] += 1
+        return hits
+
+    monkeypatch.setattr(TieredSearch, "hot_alone", counted)
+    return counts
+
+
+def filled(memory, rng):
+    """Three namespaces; duplicated vectors (exact ties, broken by id); memories that expire and one that has."""
+    x = unit_rows(rng, 300)
+    x[100:120] = x[0]  # twenty ties with row 1
+    names = ["a"] * 150 + ["b"] * 100 + ["c"] * 50
+    for name in "abc":
+        rows = [i for i, n in enumerate(names) if n == name]
+        memory.add([f"{name}-{i}" for i in rows], vectors=x[rows], namespace=name, ids=np.array(rows) + 1,
+                   metadata=[{"row": i} for i in rows])
+    memory.add(["lives a while"], vectors=x[1:2] * 0.999 + x[2:3] * 0.001, namespace="a", ttl=3600.0, ids=[1001])
+    memory.add(["gone soon"], vectors=x[0:1], namespace="a", ttl=0.2, ids=[1002])
+    time.sleep(0.3)
+    return x
+
+
+def test_the_one_pass_gives_the_general_paths_hits(open_memory, count_one_pass):
+    rng = np.random.default_rng(3)
+    memory = open_memory(hot_capacity=4096, ttl_sweep_s=3600.0)
+    x = filled(memory, rng)
+    queries = list(unit_rows(rng, 120)) + [x[0], x[1], x[0] * 3.0]  # ties, a memory with a TTL, a query to normalise
+    for q in queries:
+        for name in "abc":
+            for k in (1, 5, 25):
+                fast = memory.search(q, k=k, namespace=name)
+                general = memory.search(q, k=k, namespace=name, explain=True)  # explain always takes live()
+                assert general.rule == "complete"
+                assert fast == general.hits
+                assert 1002 not in [h.id for h in fast]
+    # Every search whose hits hold the expired memory goes to live(), which steps over it; all others take one pass.
+    assert count_one_pass["answered"] >= 0.9 * (count_one_pass["answered"] + count_one_pass["declined"])
+    hits = memory.search(x[0], k=25, namespace="a")
+    assert [h.id for h in hits[:21]] == [1] + list(range(101, 121))  # ties by smaller id
+    assert {h.tier for h in hits} == {"hot"}
+
+
+def test_the_one_pass_keeps_the_same_books_as_the_general_path(open_memory, count_one_pass, monkeypatch):
+    rng = np.random.default_rng(4)
+    one_pass = open_memory(hot_capacity=4096, ttl_sweep_s=3600.0)
+    general = open_memory(hot_capacity=4096, ttl_sweep_s=3600.0)
+    filled(one_pass, np.random.default_rng(5))
+    filled(general, np.random.default_rng(5))
+    queries = unit_rows(rng, 60)
+    for q in queries:
+        one_pass.search(q, k=7, namespace="b")
+    assert count_one_pass["answered"] == len(queries)
+    monkeypatch.setattr(TieredSearch, "hot_alone", lambda self, *args: None)
+    for q in queries:
+        general.search(q, k=7, namespace="b")
+    a, b = one_pass._placement, general._placement
+    assert a.tick == b.tick
+    for field in ("freq", "freq_at", "last_use"):
+        np.testing.assert_array_equal(getattr(a.hotset, field), getattr(b.hotset, field))
+    assert one_pass.policy.describe() == general.policy.describe()
+    assert one_pass.stats()["rules"]["complete"]["searches"] == general.stats()["rules"]["complete"]["searches"]
+    assert one_pass.stats()["latency"]["hot"]["searches"] == general.stats()["latency"]["hot"]["searches"]
+
+
+def test_the_general_path_answers_what_the_one_pass_does_not_take(open_memory, count_one_pass):
+    rng = np.random.default_rng(6)
+    memory = open_memory(hot_capacity=4096, ttl_sweep_s=3600.0)
+    x = filled(memory, rng)
+    q = unit_rows(rng, 1)[0]
+    memory._cache.clear()  # memories not cached: the general path reads them, and the next search takes one pass
+    first = memory.search(q, k=5, namespace="b")
+    assert count_one_pass == {"answered": 0, "declined": 1}
+    assert memory.search(q, k=5, namespace="b") == first
+    assert count_one_pass == {"answered": 1, "declined": 1}
+    assert memory.search(q.astype(np.float64), k=5, namespace="b") == first  # not float32: checked and converted
+    with pytest.raises(Exception, match="NaN"):
+        memory.search(np.full(DIM, np.nan, np.float32), k=5, namespace="b")
+    with pytest.raises(Exception, match="zeros"):
+        memory.search(np.zeros(DIM, np.float32), k=5, namespace="b")
+    with pytest.raises(Exception, match="namespace"):
+        memory.search(q, k=5, namespace="")
+    with pytest.raises(Exception, match="k must be"):
+        memory.search(q, k=0, namespace="b")
+    scored = open_memory(hot_capacity=4096, scoring=Scoring(recency_weight=0.1, half_life_s=3600.0))
+    scored.add(["s"], vectors=x[:1], namespace="b")
+    before = dict(count_one_pass)
+    assert [h.text for h in scored.search(x[0], k=1, namespace="b")] == ["s"]
+    assert count_one_pass["answered"] == before["answered"]  # a Scoring ranks in the general path
