@@ -82,9 +82,9 @@ typedef struct tr_backend_ops {
      * return from search_submit fails the whole batch and leaves nothing outstanding. */
     int (*search_submit)(void *self, tr_search_request *reqs, uint32_t n, char *err, size_t errlen);
     int (*search_poll)(void *self, int block, char *err, size_t errlen);
-    /* Optional: the server is about to sleep (no request for --idle-spin-us): release what only
-     * serves a busy store (the CUDA backend stops its persistent kernel). Never called with a batch
-     * outstanding. */
+    /* Optional: the server is about to sleep (no request for --idle-spin-us), or polls for a request a
+     * client expects (tr_client_expect): release what only serves a busy store (the CUDA backend stops
+     * its persistent kernel). Called again while nothing is held; never with a batch outstanding. */
     void (*idle)(void *self);
 } tr_backend_ops;
 

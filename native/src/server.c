@@ -422,7 +422,15 @@ int tr_server_run(tr_server *s, volatile sig_atomic_t *stop) {
          * as many busy client processes as cores, a spinning server takes a core from them (their own work, and the
          * writes they wait on), so it sleeps on the doorbell at once. While it spins it hands the core to any
          * other runnable task at each clock read (the yield returns at once when there is none). */
-        if ((now - last_busy < s->opt.idle_spin_ns || awaited(s, now)) && s->busy_clients < s->cores) {
+        if (awaited(s, now) && s->busy_clients < s->cores) {
+            /* A client is embedding a query to search with (tr_client_expect): this thread stays awake for its
+             * request, and the backend lets go of what it holds for the next request at once (the CUDA backend's
+             * persistent kernel would hold the GPU from the client's own kernels). */
+            if (s->ops->idle) s->ops->idle(s->backend);
+            sched_yield();
+            continue;
+        }
+        if (now - last_busy < s->opt.idle_spin_ns && s->busy_clients < s->cores) {
             sched_yield();
             continue;
         }

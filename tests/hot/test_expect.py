@@ -56,7 +56,7 @@ def test_a_deadline_past_the_limit_is_brought_back_to_it(start):
 
 
 @pytest.mark.gpu
-def test_an_expected_search_finds_the_persistent_kernel_running(persistent_kernel):
+def test_an_expected_search_finds_the_cuda_sidecar_awake_and_the_gpu_free(persistent_kernel):
     name = f"t-{uuid.uuid4().hex[:12]}"
     proc = start_sidecar(name, dim=64, capacity=4096, dtype="f16", backend="cuda", idle_spin_us=200,
                          cuda_verbose=True, **persistent_kernel)
@@ -65,15 +65,17 @@ def test_an_expected_search_finds_the_persistent_kernel_running(persistent_kerne
         x = np.random.default_rng(5).standard_normal((1000, 64)).astype(np.float32)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         hot.upsert(np.arange(1, 1001, dtype=np.int64), x, np.zeros(1000, np.uint64))
-        hot.search(x[0], k=5)
+        assert hot.search(x[0], k=5).ids[0, 0] == 1
         for i in range(1, 6):
-            hot.expect(0.05)
+            hot.expect(0.04)
             time.sleep(0.02)  # a query's embedding: far longer than the 200 us idle spin
+            assert not asleep(hot), "the sidecar polls for the expected request"
             assert hot.search(x[i], k=5).ids[0, 0] == i + 1
         time.sleep(0.3)
         log = proc.log()
         stops = re.findall(r"persistent kernel stopped \((\w+)\) after (\d+) batches", log)
-        assert stops and stops[0] == ("idle", "6"), log  # one run of the kernel served all six
+        # the kernel let the GPU go while each query was expected: one run per search
+        assert stops == [("idle", "1")] * 6, log
     finally:
         hot.close()
         proc.stop()

@@ -230,9 +230,10 @@ class HotTier(SegmentReads):
 
     def expect(self, seconds: float) -> None:
         """A request follows within `seconds` (a text search while its query is embedded): the sidecar keeps polling
-        until then, instead of going to sleep (and a CUDA sidecar keeps its persistent kernel), and a sleeping one
-        wakes now, so the request does not pay the wake-up. At most AWAKE_AHEAD_MAX_NS ahead; the sidecar still
-        sleeps while its clients take every core. A plain store and a doorbell, no round trip."""
+        until then instead of going to sleep, and a sleeping one wakes now, so the request does not pay the wake-up;
+        a CUDA sidecar stops its persistent kernel meanwhile (it would hold the GPU from the embedding). At most
+        AWAKE_AHEAD_MAX_NS ahead; the sidecar still sleeps while its clients take every core. A plain store and a
+        doorbell, no round trip."""
         self._enter()
         try:
             self._lib.tr_client_expect(self._base, max(0, min(int(seconds * 1e9), L.AWAKE_AHEAD_MAX_NS)))

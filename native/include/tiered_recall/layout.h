@@ -195,9 +195,10 @@ typedef struct tr_header {
     uint32_t cores;
     /* CLOCK_MONOTONIC: a client expects to send a request before then (a text search while it embeds its query,
      * tr_client_expect): an idle server keeps polling until then (at most TR_AWAKE_AHEAD_MAX_NS past its own
-     * clock) instead of going to sleep, and a sleeping one is woken, so the request finds it awake (and a CUDA
-     * server's persistent kernel running). Advisory, like busy_clients: it changes how soon an answer comes, never
-     * what it is; the server keeps to its rule of not polling while the clients take every core. */
+     * clock) instead of going to sleep, and a sleeping one is woken, so the request finds it awake; its backend
+     * lets go of the device meanwhile (a CUDA server stops its persistent kernel, which would hold the GPU from
+     * the client's embedding). Advisory, like busy_clients: it changes how soon an answer comes, never what it is;
+     * the server keeps to its rule of not polling while the clients take every core. */
     uint64_t awake_until_ns;
     uint8_t reserved3[256 - 216];
     /* counters, written by the server only */
