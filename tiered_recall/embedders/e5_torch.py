@@ -3,8 +3,6 @@ its token ids and does everything else on the device (the word-embedding lookup,
 attention, pooling and normalisation), or on the CPU in bfloat16 where the CPU has AMX (docs/recall.md)."""
 from __future__ import annotations
 
-import contextlib
-import sys
 import threading
 
 import numpy as np
@@ -19,35 +17,6 @@ QUERY_GRAPH_TOKENS = 128
 # Tokens per forward pass when embedding many texts on a GPU: enough rows to fill its matrix units.
 GPU_BATCH_TOKENS = 16384
 CPU_BATCH_TOKENS = 2048
-# The interpreter's switch interval while a batch runs through the encoder on a GPU. Each of the pass's ~150 torch
-# calls lets the GIL go while it launches its kernel, and takes it back only when the thread that took it meanwhile
-# (ingest's writer, a web server's) yields it, after the switch interval: 5 ms by default, so a batch beside a busy
-# thread waited for the GIL far longer than the GPU computed. A query is one graph replay (one such wait at most).
-GPU_BATCH_SWITCH_INTERVAL_S = 0.0001
-
-_switch_lock = threading.Lock()
-_switch_users = 0
-_switch_saved = 0.0
-
-
-@contextlib.contextmanager
-def short_gil_switches(interval_s: float = GPU_BATCH_SWITCH_INTERVAL_S):
-    """The interpreter's switch interval at most interval_s inside the block (it is process-wide: threads that enter
-    together share it; the last to leave puts the interval back as it found it)."""
-    global _switch_users, _switch_saved
-    with _switch_lock:
-        if _switch_users == 0:
-            _switch_saved = sys.getswitchinterval()
-            if interval_s < _switch_saved:
-                sys.setswitchinterval(interval_s)
-        _switch_users += 1
-    try:
-        yield
-    finally:
-        with _switch_lock:
-            _switch_users -= 1
-            if _switch_users == 0:
-                sys.setswitchinterval(_switch_saved)
 
 
 def _import_torch():
@@ -212,10 +181,8 @@ class TorchEncoder:
                 hidden_states = self._layers_forward(x, self._cpu_mask(mask))
                 m = torch.from_numpy(mask).to(torch.float32)
                 return ((hidden_states.float() * m[..., None]).sum(dim=1) / m.sum(dim=1, keepdim=True)).numpy()
-            with short_gil_switches():
-                ids = torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)).to(self.device,
-                                                                                           non_blocking=True)
-                return self._pooled(ids).cpu().numpy()
+            ids = torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)).to(self.device, non_blocking=True)
+            return self._pooled(ids).cpu().numpy()
 
     def _cpu_mask(self, mask: np.ndarray):
         torch = self._torch
