@@ -111,3 +111,18 @@ def test_a_word_the_candidates_share_lifts_them_alike_and_a_rare_one_decides() -
 def test_bad_weights_name_the_fix(options, fix: str) -> None:
     with pytest.raises(InvalidInput, match=fix):
         Stages(**options)
+
+
+def test_a_store_reads_the_words_of_what_it_adds_before_a_search_pools_them(tmp_path) -> None:
+    from tiered_recall import TieredMemory
+    from tiered_recall.coordinator import stages
+
+    texts = [f"Caroline went to the support group on day {i}" for i in range(40)]
+    with TieredMemory(tmp_path / "store", preset="fast", device="none") as memory:
+        assert memory.preset.stages.keyword_weight
+        stages._terms.cache_clear()
+        memory.add(texts, namespace="chat")
+        assert stages._terms.cache_info().currsize == len(texts)
+        misses = stages._terms.cache_info().misses
+        hits = memory.search("When did Caroline go to the support group?", namespace="chat", k=5)
+        assert hits and stages._terms.cache_info().misses == misses  # the search tokenized no memory
