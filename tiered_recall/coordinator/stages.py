@@ -167,12 +167,10 @@ def keyword_match(question: str, texts: Sequence[str]) -> np.ndarray:
     words = [word for word in dict.fromkeys(tokenize(question)) if word not in _QUESTION_WORDS]
     if not words or not texts:
         return np.zeros(len(texts))
-    column = {word: index for index, word in enumerate(words)}
-    wanted = frozenset(words)
-    holds = np.zeros((len(texts), len(words)), dtype=bool)
-    for row, text in enumerate(texts):
-        for word in _terms(text) & wanted:
-            holds[row, column[word]] = True
+    term_sets = list(map(_terms, texts))
+    # (texts, words): a question has a few words, so one membership test per word and text, by word, is the least
+    # Python per pooled text.
+    holds = np.array([[word in terms for terms in term_sets] for word in words], dtype=bool).T
     count = len(texts)
     found_in = holds.sum(axis=0)
     weights = np.log1p((count - found_in + 0.5) / (found_in + 0.5))  # BM25's inverse document frequency
