@@ -9,6 +9,7 @@ import pytest
 
 from tiered_recall.scoring import Scoring
 from tiered_recall.coordinator.search import TieredSearch
+from tiered_recall.errors import InvalidInput
 
 DIM = 16
 
@@ -101,13 +102,13 @@ def test_the_general_path_answers_what_the_one_pass_does_not_take(open_memory, c
     assert memory.search(q, k=5, namespace="b") == first
     assert count_one_pass == {"answered": 1, "declined": 1}
     assert memory.search(q.astype(np.float64), k=5, namespace="b") == first  # not float32: checked and converted
-    with pytest.raises(Exception, match="NaN"):
+    with pytest.raises(InvalidInput, match="NaN"):
         memory.search(np.full(DIM, np.nan, np.float32), k=5, namespace="b")
-    with pytest.raises(Exception, match="zeros"):
+    with pytest.raises(InvalidInput, match="zeros"):
         memory.search(np.zeros(DIM, np.float32), k=5, namespace="b")
-    with pytest.raises(Exception, match="namespace"):
+    with pytest.raises(InvalidInput, match="namespace"):
         memory.search(q, k=5, namespace="")
-    with pytest.raises(Exception, match="k must be"):
+    with pytest.raises(InvalidInput, match="k must be"):
         memory.search(q, k=0, namespace="b")
     scored = open_memory(hot_capacity=4096, scoring=Scoring(recency_weight=0.1, half_life_s=3600.0))
     scored.add(["s"], vectors=x[:1], namespace="b")

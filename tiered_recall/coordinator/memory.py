@@ -497,13 +497,12 @@ class TieredMemory:
                      hybrid: bool, refresh_ttl: bool, stages: Stages | None):
         """The query embedded (or checked), then the search path (search.py) over its scope."""
         started = time.perf_counter()
-        if isinstance(query, str) and self.embedder is not None:
-            # The sidecar would fall asleep while the query is embedded, and the search would pay its wake-up.
+        embedding = isinstance(query, str) and self.embedder is not None
+        if embedding:  # the sidecar would fall asleep while the query is embedded, and the search pay its wake-up
             self._link.expect(EXPECT_EMBEDDING_FACTOR * self._embedding_s + EXPECT_MARGIN_S)
-            q = query_vector(query, self.embedder, self.dim)
+        q = query_vector(query, self.embedder, self.dim)
+        if embedding:
             self._embedding_s += 0.2 * (time.perf_counter() - started - self._embedding_s)
-        else:
-            q = query_vector(query, self.embedder, self.dim)
         return self._search.live(q, query if isinstance(query, str) else None, k, namespace, prefix, where, hybrid,
                                  refresh_ttl, stages, started)
 

@@ -4,7 +4,6 @@ decisions are the planner's (planner.py); this module gathers their evidence and
 prefix, the hybrid and staged text searches, and the deeper search that steps over expired memories."""
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -116,10 +115,22 @@ class TieredSearch:
                                    if m is not None])
             hits = [hit_of(fresh[h.id], h.score, h.tier) if h.id in fresh else h for h in hits]
         seconds = time.perf_counter() - started
-        self.paths.record(answer.path, seconds)
-        self.rule_seconds.record(answer.rule, seconds)
-        self.metrics.observe_search(answer.path, answer.rule, seconds)
+        self._record(answer.path, answer.rule, seconds)
         return hits, answer, seconds
+
+    def _record(self, path: str, rule: str, seconds: float) -> None:
+        """One search's latency, by the path that served it and the rule that decided it, here and in the metrics."""
+        self.paths.record(path, seconds)
+        self.rule_seconds.record(rule, seconds)
+        self.metrics.observe_search(path, rule, seconds)
+
+    def _count_search(self, namespace: str | None) -> None:
+        """A search of the scope counts for the placement policy: its tick, the namespace's reads. Under the store's
+        lock."""
+        placement = self.placement
+        placement.tick += 1
+        if namespace is not None:
+            self.policy.observe(namespace, placement.tick)
 
     # ---- the hot tier's answer alone, in one pass ---------------------------------------------
     def hot_alone(self, query: np.ndarray, k: int, namespace: str) -> list[Hit] | None:
@@ -138,11 +149,9 @@ class TieredSearch:
             return None  # the plan may not ask the hot tier, or must catch it up first
         if query.dtype != np.float32 or query.shape != (self.dim,):
             return None
-        wide = query.astype(np.float64)  # the same unit vector as validate.unit_query's
-        square = float(np.dot(wide, wide))
-        if not 1e-60 < square < 1e60:
+        q = check.scaled_to_unit(query)  # the unit vector validate.unit_query gives
+        if q is None:
             return None  # zeros, NaN or infinities, or far outside float32's range: the checks say what is wrong
-        q = np.ascontiguousarray(query) / np.float32(math.sqrt(square))
         ns_hash = namespace_hash(namespace)
         with self.lock:
             if link.hot is not hot:
@@ -167,23 +176,17 @@ class TieredSearch:
             if memories is None:
                 return None
             now_us = time.time_ns() // 1000
-            for m in memories:
-                if m.expires_at is not None and m.expires_at.timestamp() * 1e6 <= now_us:
-                    return None  # live() steps over it
+            if any(m.expired(now_us) for m in memories):
+                return None  # live() steps over it
             if any(scores[i] <= scores[i + 1] for i in range(n - 1)):  # a tie: the smaller id first, as rank()
                 order = sorted(range(n), key=lambda j: (-scores[j], ids[j]))
                 ids, scores, memories = [ids[j] for j in order], [scores[j] for j in order], \
                     [memories[j] for j in order]
-            placement = self.placement
-            placement.tick += 1
-            self.policy.observe(namespace, placement.tick)
+            self._count_search(namespace)
             hot.note_work()
-            placement.use(ids)
+            self.placement.use(ids)
         hits = [hit_of(m, s, "hot") for m, s in zip(memories, scores)]
-        seconds = time.perf_counter() - started
-        self.paths.record("hot", seconds)
-        self.rule_seconds.record("complete", seconds)
-        self.metrics.observe_search("hot", "complete", seconds)
+        self._record("hot", "complete", time.perf_counter() - started)
         return hits
 
     # ---- scopes ---------------------------------------------------------------------------------
@@ -269,9 +272,7 @@ class TieredSearch:
         now_us = time.time_ns() // 1000
         with self.lock:
             placement = self.placement
-            placement.tick += 1
-            if namespace is not None:
-                self.policy.observe(namespace, placement.tick)
+            self._count_search(namespace)
             hot = self.link.ensure()
             if hot is not None:
                 # Counted as work on the store whether or not the sidecar is asked: the sidecar's sweep takes the

@@ -168,18 +168,28 @@ def unit_query(vector: Any, dim_: int) -> np.ndarray:
     if arr.dtype.kind not in "fiu":
         raise InvalidInput(f"a query vector must be numeric, got dtype {arr.dtype}")
     arr = np.ascontiguousarray(arr, dtype=np.float32)
-    # One float64 dot product checks the query: the square of float32 values neither overflows nor underflows in
-    # float64, so it is finite and positive exactly when every value is finite and one is not zero.
+    unit = scaled_to_unit(arr)
+    if unit is not None:
+        return unit
     wide = arr.astype(np.float64)
     square = float(np.dot(wide, wide))
     if not 0.0 < square < math.inf:
         if not np.isfinite(arr).all():
             raise InvalidInput("the query vector contains NaN or infinite values")
         raise InvalidInput("the query vector is all zeros")
-    norm = math.sqrt(square)
+    return (wide / math.sqrt(square)).astype(np.float32)  # far outside float32's comfortable range: divide in float64
+
+
+def scaled_to_unit(arr: np.ndarray) -> np.ndarray | None:
+    """A float32 vector divided by its length, or None when the length is zero, not finite, or far outside float32's
+    comfortable range (unit_query then says what is wrong, or divides in float64). One float64 dot product checks it:
+    the square of float32 values neither overflows nor underflows in float64, so it is finite and positive exactly
+    when every value is finite and one is not zero."""
+    wide = arr.astype(np.float64)
+    norm = math.sqrt(float(np.dot(wide, wide)))
     if 1e-30 < norm < 1e30:
         return arr / np.float32(norm)
-    return (wide / norm).astype(np.float32)  # far outside float32's comfortable range: divide in float64
+    return None
 
 
 def query_text(query: str, has_embedder: bool) -> str:
