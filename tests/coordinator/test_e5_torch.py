@@ -110,3 +110,91 @@ def test_every_query_graph_gives_the_batch_paths_vector(weights) -> None:
             one /= np.linalg.norm(one)
             assert float(one @ batch[index]) > 0.999, len(row)
     assert torch.cuda.is_available()
+
+
+def test_the_fused_encoder_library_missing_names_the_fix(monkeypatch) -> None:
+    """Where libtrencoder is not installed, asking for it says what to do (auto takes the graphs instead)."""
+    from tiered_recall.embedders import e5_fused
+
+    monkeypatch.setattr(e5_fused, "installed_file", lambda name: None)
+    e5_fused.encoder_library.cache_clear()
+    try:
+        with pytest.raises(e5_fused.FusedEncoderUnavailable, match="gpu_queries='graphs'"):
+            e5_fused.encoder_library()
+    finally:
+        e5_fused.encoder_library.cache_clear()
+
+
+def _random_ids(weights, length: int, rng) -> list[int]:
+    return [weights.bos, *rng.integers(5, weights.vocabulary, size=length - 2).tolist(), weights.eos]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.gpu
+def test_the_fused_kernel_computes_the_model(weights) -> None:
+    """libtrencoder's one-kernel query against the model in float64, at lengths across the staged chunks (8 and 32
+    rows) and the attention's key groups (32 keys), on the default grid and on grids that leave blocks idle."""
+    pytest.importorskip("torch")
+    from tiered_recall.embedders.e5_fused import MAX_TOKENS
+    from tiered_recall.embedders.e5_torch import TorchEncoder
+
+    encoder = TorchEncoder(weights, device="cuda", queries="fused")
+    assert encoder.query_path == "fused" and not encoder._graphs
+    rng = np.random.default_rng(11)
+    for length in (2, 3, 8, 9, 17, 31, 32, 33, 64, 65, 100, MAX_TOKENS):
+        ids = _random_ids(weights, length, rng)
+        expected = model_as_written(weights, ids)
+        got = encoder.one(ids)[0]
+        assert abs(np.linalg.norm(got) - 1) < 1e-5
+        assert _cosine(got, expected) > 0.9999, length
+    from tiered_recall.embedders.e5_fused import FusedQueryEncoder
+
+    ids = _random_ids(weights, 45, rng)
+    default = encoder.one(ids)[0]
+    for blocks in (1, 7, 100):
+        small = _fused_on(encoder, weights, blocks, FusedQueryEncoder)
+        assert small.blocks == blocks
+        # Another grid splits the products' sums otherwise: float32 sums in another order, rounded to float16 weights'
+        # products the same way, drift apart by about 1e-4 over twelve layers.
+        assert _cosine(small.one(ids)[0], default) > 0.99999
+        small.close()
+
+
+def _fused_on(encoder, weights, blocks: int, fused_class):
+    embedding_norm, layers = folded_layers(weights)
+    positions = weights.f32("emb.pos").reshape(weights.max_positions, weights.hidden) + weights.f32("emb.type")[
+        : weights.hidden]
+    return fused_class(encoder._torch, encoder.device, word_table=encoder._word_table, positions=positions,
+                       embedding_norm=embedding_norm, layers=layers, eps=weights.eps, blocks=blocks)
+
+
+@pytest.mark.gpu
+def test_the_fused_kernel_agrees_with_the_graphs_and_takes_threads(weights) -> None:
+    """The fused query path and the graphs' give the same vectors (float16 products both); queries from several
+    threads at once get their own vectors; a query past the kernel's tokens runs eagerly; a bad length is refused."""
+    pytest.importorskip("torch")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tiered_recall.embedders.e5_fused import MAX_TOKENS
+    from tiered_recall.embedders.e5_torch import TorchEncoder
+    from tiered_recall.errors import InvalidInput
+
+    fused = TorchEncoder(weights, device="cuda", queries="fused")
+    graphs = TorchEncoder(weights, device="cuda", queries="graphs")
+    assert graphs.query_path == "graphs"
+    rng = np.random.default_rng(12)
+    rows = [_random_ids(weights, int(length), rng) for length in rng.integers(3, MAX_TOKENS + 1, size=48)]
+    alone = [fused.one(row)[0] for row in rows]
+    for row, vector in zip(rows, alone):
+        assert _cosine(vector, graphs.one(row)[0]) > 0.9995
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda row: fused.one(row)[0], rows * 3))
+    for index, vector in enumerate(together):
+        np.testing.assert_array_equal(vector, alone[index % len(rows)])
+    longer = _random_ids(weights, MAX_TOKENS + 9, rng)
+    assert _cosine(fused.one(longer)[0], model_as_written(weights, longer)) > 0.999
+    with pytest.raises(InvalidInput, match="1 to 128 tokens"):
+        fused._fused.one(longer)

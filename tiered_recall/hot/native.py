@@ -5,47 +5,25 @@ from __future__ import annotations
 import ctypes as C
 import importlib.machinery
 import importlib.util
-import os
 import warnings
 from functools import lru_cache
 from pathlib import Path
 
 from ..errors import SidecarUnavailable
+from ..native_files import installed_file
 from . import layout as L
 
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the _bin folder is beside tiered_recall/__init__.py
 FAST_SEARCH_API = 2  # what HotTier expects of _trfast.FastClient (its API constant): search and close
 
 
-def _candidate_dirs() -> list[Path]:
-    dirs = []
-    override = os.environ.get("TIERED_RECALL_BIN_DIR")
-    if override:
-        dirs.append(Path(override))
-    dirs.append(_PACKAGE_DIR / "_bin")
-    # An editable install keeps compiled files in site-packages, not beside the sources.
-    try:
-        spec = importlib.util.find_spec("tiered_recall")
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            dirs.append(Path(location) / "_bin")
-    except (ImportError, ValueError):
-        pass
-    import sysconfig
-
-    for key in ("purelib", "platlib"):
-        dirs.append(Path(sysconfig.get_paths()[key]) / "tiered_recall" / "_bin")
-    return dirs
-
-
 def _find(filename: str) -> Path:
-    for directory in _candidate_dirs():
-        path = directory / filename
-        if path.exists():
-            return path
-    raise SidecarUnavailable(
-        f"{filename} is not installed next to the package: reinstall with `pip install .` "
-        "(it builds native/), or set TIERED_RECALL_BIN_DIR to the folder holding it"
-    )
+    path = installed_file(filename)
+    if path is None:
+        raise SidecarUnavailable(
+            f"{filename} is not installed next to the package: reinstall with `pip install .` "
+            "(it builds native/), or set TIERED_RECALL_BIN_DIR to the folder holding it"
+        )
+    return path
 
 
 def sidecar_executable() -> Path:
