@@ -22,7 +22,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--expect-cuda-build", action="store_true",
-                        help="fail unless the wheel carries the CUDA backend (libtrcuda.so) and the sidecar loads it")
+                        help="fail unless the wheel carries the CUDA backend (libtrcuda.so) and the sidecar loads it, and the "
+                             "fused E5 query encoder (libtrencoder.so)")
     args = parser.parse_args()
 
     import tiered_recall
@@ -42,6 +43,10 @@ def main() -> int:
                               check=True).stdout.split()
     if args.expect_cuda_build or args.device == "cuda":
         assert "libtrcuda.so" in shipped and "cuda" in backends, f"no CUDA backend: {shipped}, backends {backends}"
+        assert "libtrencoder.so" in shipped, f"no fused E5 query encoder beside the CUDA backend: {shipped}"
+        from tiered_recall.embedders.e5_fused import ABI_VERSION, encoder_library
+
+        assert encoder_library().tr_encoder_abi_version() == ABI_VERSION, "libtrencoder.so is from another build"
 
     rng = np.random.default_rng(7)
     dim, rows, k = 256, 2000, 10
