@@ -70,6 +70,7 @@ def test_tokens_are_capped_and_framed(e5: E5Embedder) -> None:
     ({"backend": "onnx", "device": "cuda"}, "needs backend='torch'"),
     ({"threads": 0}, "threads must be a positive int"),
     ({"max_tokens": 4}, "max_tokens must be an int from 8"),
+    ({"gpu_queries": "kernel"}, "gpu_queries must be one of"),
 ])
 def test_bad_options_name_the_fix(options, fix: str) -> None:
     with pytest.raises(InvalidInput, match=fix):
@@ -96,11 +97,12 @@ def test_resolve_names_and_two_sided_objects(e5: E5Embedder) -> None:
 
 @pytest.mark.gpu
 def test_the_torch_backend_on_the_gpu_gives_onnxruntimes_vectors(e5: E5Embedder) -> None:
-    """float16 on the GPU against int8 on the CPU, one query (a replayed CUDA graph) and a batch."""
+    """float16 on the GPU against int8 on the CPU, one query (the fused kernel where libtrencoder is installed, else a
+    replayed CUDA graph) and a batch."""
     pytest.importorskip("torch")
     gpu = E5Embedder(backend="torch", device="cuda")
-    assert gpu.device == "cuda"
-    for _ in range(2):  # the second call replays the graph the first captured
+    assert gpu.device == "cuda" and gpu.query_path in ("fused", "graphs")
+    for _ in range(2):  # the graphs: the second call replays the graph the first captured
         cosine = (gpu.embed_queries(QUESTIONS[:1]) * e5.embed_queries(QUESTIONS[:1])).sum()
         assert cosine > 0.99
     assert ((gpu.embed_passages(TEXTS) * e5.embed_passages(TEXTS)).sum(axis=1) > 0.99).all()
