@@ -191,7 +191,11 @@ extern "C" __attribute__((visibility("default"))) int tr_encoder_blocks(const tr
 extern "C" __attribute__((visibility("default"))) int tr_encoder_embed(tr_encoder *encoder, const int32_t *ids,
                                                                        int tokens, float *out, char *error,
                                                                        int error_bytes) {
-    if (!encoder || !ids || !out || tokens < 1 || tokens > MAX_TOKENS) {
+    if (!encoder || !ids || !out) {
+        if (error && error_bytes > 0) snprintf(error, (size_t)error_bytes, "the encoder, ids and out must not be NULL");
+        return -1;
+    }
+    if (tokens < 1 || tokens > MAX_TOKENS) {
         if (error && error_bytes > 0)
             snprintf(error, (size_t)error_bytes, "a query of %d tokens: the encoder takes 1 to %d", tokens, MAX_TOKENS);
         return -1;
