@@ -66,6 +66,21 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* A layer norm's statistics of one row of H, held by a warp as H / 64 float2 a lane: (mean, 1 / standard deviation). */
+__device__ __forceinline__ float2 row_norm(const float2 (&v)[H / 64], float eps) {
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < H / 64; ++i) sum += v[i].x + v[i].y;
+    const float mean = warp_sum(sum) / H;
+    float squares = 0.f;
+#pragma unroll
+    for (int i = 0; i < H / 64; ++i) {
+        const float dx = v[i].x - mean, dy = v[i].y - mean;
+        squares += dx * dx + dy * dy;
+    }
+    return make_float2(mean, rsqrtf(warp_sum(squares) / H + eps));
+}
+
 /* Where a staged row comes from: the embedding (word + position, layer 0's input), a residual stream before its layer
  * norm, or a plain activation (context, inner). */
 enum Source { EMBEDDING, PRE, PLAIN };
@@ -126,17 +141,8 @@ __device__ void stage_rows(const Args &a, Source source, const float *plain, con
 #pragma unroll
             for (int i = 0; i < PER_LANE; ++i) v[i] = __ldcg(row + lane + 32 * i);
         }
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) sum += v[i].x + v[i].y;
-        const float mean = warp_sum(sum) / H;
-        float squares = 0.f;
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) {
-            const float dx = v[i].x - mean, dy = v[i].y - mean;
-            squares += dx * dx + dy * dy;
-        }
-        const float scale = rsqrtf(warp_sum(squares) / H + a.eps);
+        const float2 norm = row_norm(v, a.eps);  // mean, 1 / standard deviation
+        const float mean = norm.x, scale = norm.y;
         const bool owner = (t % working) == (int)blockIdx.x;
         __half2 *staged = reinterpret_cast<__half2 *>(stage + r * (H + PAD));
         float2 *normed = reinterpret_cast<float2 *>(a.normed + (size_t)t * H);
@@ -361,20 +367,10 @@ __device__ void pool(const Args &a, float *stage) {
     for (int t = warp; t < a.tokens; t += WARPS) {
         const float2 *row = reinterpret_cast<const float2 *>(a.pre + (size_t)t * H);
         float2 v[PER_LANE];
-        float sum = 0.f;
 #pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) {
-            v[i] = __ldcg(row + lane + 32 * i);
-            sum += v[i].x + v[i].y;
-        }
-        const float mean = warp_sum(sum) / H;
-        float squares = 0.f;
-#pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) {
-            const float dx = v[i].x - mean, dy = v[i].y - mean;
-            squares += dx * dx + dy * dy;
-        }
-        const float scale = rsqrtf(warp_sum(squares) / H + a.eps);
+        for (int i = 0; i < PER_LANE; ++i) v[i] = __ldcg(row + lane + 32 * i);
+        const float2 norm = row_norm(v, a.eps);
+        const float mean = norm.x, scale = norm.y;
 #pragma unroll
         for (int i = 0; i < PER_LANE; ++i) {
             const int j = lane + 32 * i;
