@@ -17,8 +17,7 @@ import numpy as np
 
 from tiered_recall.embedders import E5Embedder
 from tiered_recall.embedders.e5 import QUERY_PREFIX
-from tiered_recall.embedders.e5_fused import FusedQueryEncoder
-from tiered_recall.embedders.e5_torch import TorchEncoder, folded_layers
+from tiered_recall.embedders.e5_torch import TorchEncoder
 from tiered_recall.testing.locomo import DATA_FILE, DEFAULT_DATA, load_questions
 
 
@@ -67,13 +66,9 @@ def main() -> int:
               "graphs_over_fused_p50": round(float(np.median(times["graphs"]) / np.median(times["fused"])), 2),
               "cosine_min": round(min(cosines), 6), "cosine_mean": round(float(np.mean(cosines)), 6)}
     print(json.dumps(result), flush=True)
-    embedding_norm, layers = folded_layers(weights)
-    positions = weights.f32("emb.pos").reshape(weights.max_positions, weights.hidden) + weights.f32("emb.type")[
-        : weights.hidden]
     sweep = []
     for blocks in args.blocks:
-        encoder = FusedQueryEncoder(fused._torch, fused.device, word_table=fused._word_table, positions=positions,
-                                    embedding_norm=embedding_norm, layers=layers, eps=weights.eps, blocks=blocks)
+        encoder = fused.fused_encoder(blocks)
         for row in rows[:30]:
             encoder.one(row)
         seconds = []

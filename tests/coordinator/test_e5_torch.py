@@ -150,25 +150,15 @@ def test_the_fused_kernel_computes_the_model(weights) -> None:
         got = encoder.one(ids)[0]
         assert abs(np.linalg.norm(got) - 1) < 1e-5
         assert _cosine(got, expected) > 0.9999, length
-    from tiered_recall.embedders.e5_fused import FusedQueryEncoder
-
     ids = _random_ids(weights, 45, rng)
     default = encoder.one(ids)[0]
     for blocks in (1, 7, 100):
-        small = _fused_on(encoder, weights, blocks, FusedQueryEncoder)
+        small = encoder.fused_encoder(blocks)
         assert small.blocks == blocks
         # Another grid splits the products' sums otherwise: float32 sums in another order, rounded to float16 weights'
         # products the same way, drift apart by about 1e-4 over twelve layers.
         assert _cosine(small.one(ids)[0], default) > 0.99999
         small.close()
-
-
-def _fused_on(encoder, weights, blocks: int, fused_class):
-    embedding_norm, layers = folded_layers(weights)
-    positions = weights.f32("emb.pos").reshape(weights.max_positions, weights.hidden) + weights.f32("emb.type")[
-        : weights.hidden]
-    return fused_class(encoder._torch, encoder.device, word_table=encoder._word_table, positions=positions,
-                       embedding_norm=embedding_norm, layers=layers, eps=weights.eps, blocks=blocks)
 
 
 @pytest.mark.gpu

