@@ -126,3 +126,27 @@ def test_a_store_reads_the_words_of_what_it_adds_before_a_search_pools_them(tmp_
         misses = stages._terms.cache_info().misses
         hits = memory.search("When did Caroline go to the support group?", namespace="chat", k=5)
         assert hits and stages._terms.cache_info().misses == misses  # the search tokenized no memory
+
+
+def test_a_turn_whose_conversation_key_cannot_be_hashed_has_no_neighbours() -> None:
+    # a list as the conversation key (metadata is JSON) is read as no place in a conversation, not an error
+    odd = Candidate(2, 0.5, "something", "s1", {"turn_index": 11, "conversation_key": ["c"]})
+    pool = [turn(1, 1.0, 10), turn(3, 0.6, 40), odd, turn(4, 0.0, 70)]
+    assert ids(rerank(pool, "q", 4, Stages(neighbour_weight=1.0))) == [1, 3, 2, 4]
+
+
+def test_the_feature_cache_follows_a_replaced_memory() -> None:
+    from types import SimpleNamespace
+
+    from tiered_recall.coordinator.stages import FeatureCache, turn_features
+
+    cache = FeatureCache(limit=2)
+    first = SimpleNamespace(id=7, text="a dog in the park", metadata={"turn_index": 3, "conversation_key": "c"})
+    [features] = cache.of([first])
+    assert features == turn_features(first.text, first.metadata) and "dog" in features.terms
+    assert cache.of([first])[0] is features  # the same memory: its features are not worked out again
+    replaced = SimpleNamespace(id=7, text="a cat last week", metadata={})
+    [features] = cache.of([replaced])  # the store's cache replaced memory 7: its features follow the new one
+    assert "cat" in features.terms and features.timed and features.before != ("c", 2)
+    others = [SimpleNamespace(id=i, text=f"text {i}", metadata={}) for i in range(3)]
+    assert [f.terms for f in cache.of(others)] == [frozenset({str(i), "text"}) for i in range(3)]  # past the limit

@@ -15,7 +15,7 @@ from ..namespaces import namespace_hash, under_prefix
 from . import planner as P
 from . import validate as check
 from .records import Hit, Memory, PathStats, hit_of
-from .stages import Candidate, Stages, fused_pool, rerank
+from .stages import FeatureCache, Stages, fused_pool, rank_pool
 
 # A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
 # answers; over more it is one cold-tier search filtered to the namespaces (docs/frameworks.md gives the figures).
@@ -74,6 +74,7 @@ class TieredSearch:
         self._refresh = refresh
         self.dim = memory.dim
         self.paths, self.rule_seconds = PathStats(), PathStats()  # per search path, and per deciding rule
+        self.features = FeatureCache()  # what the retrieval stages read of each pooled memory
 
     # ---- the whole search -----------------------------------------------------------------------
     def live(self, q: np.ndarray, text: str | None, k: int, namespace: str | None, prefix: str | None,
@@ -248,12 +249,14 @@ class TieredSearch:
                 memories.update((i, m) for i, m in found.items() if not m.expired(now_us))
         else:
             pooled = [(i, score) for i, score, _ in vector[:depth]]
-        candidates = [Candidate(i, score, (m := memories[i]).text, m.session, m.metadata)
-                      for i, score in pooled if i in memories]
-        chosen = rerank(candidates, text, k, stages)
+        pooled = [(i, score) for i, score in pooled if i in memories]
+        chosen = [memories[i] for i, _ in pooled]
+        places, scores = rank_pool([score for _, score in pooled], self.features.of(chosen),
+                                   [m.session for m in chosen] if stages.session_spread else None, text, k, stages)
+        chosen = [chosen[place] for place in places]
         with self.lock:
-            self.placement.use(c.id for c, _ in chosen if tier_of.get(c.id) == "hot")
-        hits = [hit_of(memories[c.id], score, tier_of.get(c.id, "cold")) for c, score in chosen]
+            self.placement.use(m.id for m in chosen if tier_of.get(m.id) == "hot")
+        hits = [hit_of(m, score, tier_of.get(m.id, "cold")) for m, score in zip(chosen, scores)]
         return P.Answer(hits, rule, path, hot_kth, cold_bound)
 
     def one(self, q: np.ndarray, k: int, namespace: str | None, where: str | None) -> P.Answer:

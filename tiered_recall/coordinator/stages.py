@@ -11,9 +11,11 @@ exact), so the re-ranked answer is the same whichever tier served it (docs/recal
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
@@ -135,28 +137,102 @@ def _fused(vector_ids: Sequence[int], bm25_ids: Sequence[int], bm25_weight: floa
     return ids, np.bincount(at, weights=terms, minlength=ids.shape[0])
 
 
+# The memory texts whose words are kept (most recently used first): the same memories come back search after search.
+TERMS_KEPT = 65536
+
+
+class TurnFeatures(NamedTuple):
+    """What the stages read of one memory, worked out once from its text and metadata: the terms of its text, whether
+    it names a time, and its place in its conversation with the places of the turns before and after it."""
+
+    terms: frozenset[str]
+    timed: bool
+    place: Hashable  # (conversation, turn_index), or _UNPLACED
+    before: Hashable  # (conversation, turn_index - 1), or _NO_NEIGHBOUR
+    after: Hashable
+
+
+# A memory without a usable turn_index (missing, not an int, or a conversation key that cannot be hashed) has no
+# place its neighbours could name: it is looked up under _NO_NEIGHBOUR, which no place equals.
+_UNPLACED, _NO_NEIGHBOUR = object(), object()
+
+
+def turn_features(text: str, metadata: dict) -> TurnFeatures:
+    """A memory's TurnFeatures (its terms and time cue are cached by text)."""
+    turn = metadata.get(TURN_INDEX_KEY)
+    if isinstance(turn, int):
+        conversation = metadata.get(CONVERSATION_KEY)
+        try:
+            hash(conversation)
+        except TypeError:  # a list or dict as the conversation key: the turn is read as having no place
+            pass
+        else:
+            return TurnFeatures(_terms(text), names_a_time(text), (conversation, turn), (conversation, turn - 1),
+                                (conversation, turn + 1))
+    return TurnFeatures(_terms(text), names_a_time(text), _UNPLACED, _NO_NEIGHBOUR, _NO_NEIGHBOUR)
+
+
+class FeatureCache:
+    """TurnFeatures by memory id, for one store's searches: the same memories are pooled search after search. An
+    entry is used only for the very Memory it was made from, so a memory replaced in the store's cache (a new text or
+    metadata) gets new features; past `limit` entries the cache starts again."""
+
+    def __init__(self, limit: int = TERMS_KEPT) -> None:
+        self._entries: dict[int, tuple[Any, TurnFeatures]] = {}
+        self._limit = limit
+
+    def of(self, memories: Sequence[Any]) -> list[TurnFeatures]:
+        """The features of each memory (anything with id, text and metadata), in order."""
+        entries = self._entries
+        out = []
+        for memory in memories:
+            entry = entries.get(memory.id)
+            if entry is None or entry[0] is not memory:
+                if len(entries) >= self._limit:
+                    entries.clear()
+                entry = entries[memory.id] = (memory, turn_features(memory.text, memory.metadata))
+            out.append(entry[1])
+        return out
+
+
 def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -> list[tuple[Candidate, float]]:
     """The best k of the pool under the stages' scoring, with those scores (the pool's scaled to [0, 1] plus what
     the stages add); ties keep the pool's order."""
-    if not pool:
-        return []
-    raw = np.fromiter((candidate.score for candidate in pool), dtype=np.float64, count=len(pool))
+    places, scores = rank_pool([candidate.score for candidate in pool],
+                               [turn_features(candidate.text, candidate.metadata) for candidate in pool],
+                               [candidate.session for candidate in pool], query_text, k, stages)
+    return [(pool[place], score) for place, score in zip(places, scores)]
+
+
+def rank_pool(pool_scores: Sequence[float], features: Sequence[TurnFeatures], sessions: Sequence[Any] | None,
+              query_text: str, k: int, stages: Stages) -> tuple[list[int], list[float]]:
+    """rerank over a pool given as columns: the places (in the pool) of the best k and their scores. sessions is
+    read only for a session spread."""
+    count = len(features)
+    if not count:
+        return [], []
+    raw = np.array(pool_scores, dtype=np.float64)
     # The stages work on the pool's scores scaled to [0, 1], so that one weight means the same for cosine
     # similarities (which crowd together) and for fused reciprocal-rank scores.
-    span = raw.max() - raw.min()
-    scores = (raw - raw.min()) / span if span > 0 else np.ones_like(raw)
+    low = raw.min()
+    span = raw.max() - low
+    scores = (raw - low) / span if span > 0 else np.ones_like(raw)
     if stages.keyword_weight:
-        scores = scores + stages.keyword_weight * keyword_match(query_text, [candidate.text for candidate in pool])
+        scores = scores + stages.keyword_weight * _keyword_match([f.terms for f in features], query_text)
     adjusted = scores.copy()
     if stages.neighbour_weight:
-        adjusted += stages.neighbour_weight * np.maximum(_best_neighbour_scores(pool, scores) - scores, 0.0)
+        adjusted += stages.neighbour_weight * np.maximum(_best_neighbour_scores(features, scores) - scores, 0.0)
     if stages.temporal_weight and _TEMPORAL_QUESTION.search(query_text):
-        timed = np.fromiter((names_a_time(candidate.text) for candidate in pool), dtype=bool, count=len(pool))
-        adjusted += stages.temporal_weight * timed
+        adjusted += stages.temporal_weight * np.fromiter(map(_timed, features), dtype=bool, count=count)
     if not stages.session_spread:
-        order = np.argsort(-adjusted, kind="stable")[:k].tolist()
-        return [(pool[i], float(adjusted[i])) for i in order]
-    return _spread_over_sessions(pool, adjusted, k, stages.session_spread)
+        order = np.argsort(-adjusted, kind="stable")[:k]
+        return order.tolist(), adjusted[order].tolist()
+    if sessions is None:
+        raise InvalidInput("a session spread needs the pool's sessions")
+    return _spread_over_sessions(sessions, adjusted, k, stages.session_spread)
+
+
+_timed = operator.itemgetter(1)
 
 
 def keyword_match(question: str, texts: Sequence[str]) -> np.ndarray:
@@ -164,21 +240,22 @@ def keyword_match(question: str, texts: Sequence[str]) -> np.ndarray:
     (as the BM25 index reads words, question words left out) weighs its inverse document frequency among these texts,
     so a word most of them share counts for little and a rare one (a name, a number) for much; a word none of them
     holds still weighs in the whole, so a question whose words are mostly elsewhere lifts nothing much."""
+    if not texts:
+        return np.zeros(0)
+    return _keyword_match(list(map(_terms, texts)), question)
+
+
+def _keyword_match(term_sets: list[frozenset[str]], question: str) -> np.ndarray:
     words = [word for word in dict.fromkeys(tokenize(question)) if word not in _QUESTION_WORDS]
-    if not words or not texts:
-        return np.zeros(len(texts))
-    term_sets = list(map(_terms, texts))
-    # (texts, words): a question has a few words, so one membership test per word and text, by word, is the least
-    # Python per pooled text.
-    holds = np.array([[word in terms for terms in term_sets] for word in words], dtype=bool).T
-    count = len(texts)
+    if not words:
+        return np.zeros(len(term_sets))
+    # (texts, words), one membership test per word and text, made by map without a Python frame per test.
+    holds = np.array([list(map(operator.contains, term_sets, itertools.repeat(word))) for word in words],
+                     dtype=bool).T
+    count = len(term_sets)
     found_in = holds.sum(axis=0)
     weights = np.log1p((count - found_in + 0.5) / (found_in + 0.5))  # BM25's inverse document frequency
     return (holds @ weights) / weights.sum()
-
-
-# The memory texts whose words are kept (most recently used first): the same memories come back search after search.
-TERMS_KEPT = 65536
 
 
 @functools.lru_cache(maxsize=TERMS_KEPT)
@@ -201,54 +278,37 @@ def names_a_time(text: str) -> bool:
     return _TIME_WORDS.search(text) is not None
 
 
-def _best_neighbour_scores(pool: Sequence[Candidate], scores: np.ndarray) -> np.ndarray:
-    """For each candidate, the best pool score among the turns right before and after it (0 when neither is pooled).
-    Two candidates at one turn of a conversation: the later in the pool is the one its neighbours see. (conversation,
-    turn, place in the pool) share one int64 sort key, so a turn_index past +-2^42 (for a pool of at most 1023; less
-    for larger ones), which ingest never writes, counts as none."""
-    place_bits = len(pool).bit_length()  # conversations are numbered within the pool too
-    turn_bits = 63 - 2 * place_bits
-    turn_limit = (1 << (turn_bits - 1)) - 1
-    conversations: dict[Any, int] = {}
-    keys = []
-    for place, candidate in enumerate(pool):
-        metadata = candidate.metadata
-        turn = metadata.get(TURN_INDEX_KEY)
-        if isinstance(turn, int) and -turn_limit <= turn <= turn_limit:
-            code = conversations.setdefault(metadata.get(CONVERSATION_KEY), len(conversations))
-            keys.append((((code << turn_bits) + turn + turn_limit) << place_bits) + place)
-    best = np.zeros(len(pool))
-    if len(keys) < 2:
-        return best
-    key = np.sort(np.array(keys, dtype=np.int64))  # by conversation, turn, then place
-    turn_key = key >> place_bits  # conversation and turn: the next turn of a conversation is this + 1
-    place = key & ((1 << place_bits) - 1)
-    last = np.empty(key.shape[0], dtype=bool)  # the last of each (conversation, turn) in the pool is the one seen
-    last[-1] = True
-    np.not_equal(turn_key[1:], turn_key[:-1], out=last[:-1])
-    seen_turns, seen_scores = turn_key[last], scores[place[last]]
-    for step in (-1, 1):
-        wanted = turn_key + step
-        at = np.minimum(np.searchsorted(seen_turns, wanted), seen_turns.shape[0] - 1)
-        found = np.where(seen_turns[at] == wanted, seen_scores[at], 0.0)
-        best[place] = np.maximum(best[place], found)
-    return best
+def _best_neighbour_scores(features: Sequence[TurnFeatures], scores: np.ndarray) -> np.ndarray:
+    """For each candidate, the best pool score among the turns right before and after it in its conversation (0 when
+    neither is pooled). Two candidates at one turn of a conversation: the later in the pool is the one its neighbours
+    see."""
+    count = len(features)
+    seen = dict(zip(map(_place, features), range(count)))  # a place named twice keeps the later
+    padded = np.append(scores, 0.0)  # the score of "not pooled"
+    before = np.fromiter(map(seen.get, map(_before, features), itertools.repeat(count)), dtype=np.intp, count=count)
+    after = np.fromiter(map(seen.get, map(_after, features), itertools.repeat(count)), dtype=np.intp, count=count)
+    return np.maximum(padded[before], padded[after])
 
 
-def _spread_over_sessions(pool: Sequence[Candidate], adjusted: np.ndarray, k: int,
-                          penalty: float) -> list[tuple[Candidate, float]]:
+_place, _before, _after = operator.itemgetter(2), operator.itemgetter(3), operator.itemgetter(4)
+
+
+def _spread_over_sessions(pool_sessions: Sequence[Any], adjusted: np.ndarray, k: int,
+                          penalty: float) -> tuple[list[int], list[float]]:
     """Greedy: take the best candidate after charging `penalty` for each one already taken from its session (ties:
     the earlier in the pool)."""
     sessions: dict[Any, int] = {}
-    session = np.fromiter((sessions.setdefault(candidate.session, len(sessions)) for candidate in pool),
-                          dtype=np.int64, count=len(pool))
+    session = np.fromiter((sessions.setdefault(name, len(sessions)) for name in pool_sessions),
+                          dtype=np.int64, count=len(pool_sessions))
     taken_per_session = np.zeros(len(sessions))
-    open_places = np.ones(len(pool), dtype=bool)
-    chosen: list[tuple[Candidate, float]] = []
-    for _ in range(min(k, len(pool))):
+    open_places = np.ones(len(pool_sessions), dtype=bool)
+    places: list[int] = []
+    charged_scores: list[float] = []
+    for _ in range(min(k, len(pool_sessions))):
         charged = adjusted - penalty * taken_per_session[session]
         best = int(np.argmax(np.where(open_places, charged, -np.inf)))
         open_places[best] = False
         taken_per_session[session[best]] += 1
-        chosen.append((pool[best], float(charged[best])))
-    return chosen
+        places.append(best)
+        charged_scores.append(float(charged[best]))
+    return places, charged_scores
