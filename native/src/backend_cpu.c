@@ -21,7 +21,8 @@
 /* Below this many vector elements one thread is faster than waking the pool (the scan of the codes: more). */
 #define TR_CPU_PARALLEL_ELEMENTS (1u << 21)
 #define TR_CPU_CODES_PARALLEL_ELEMENTS (1u << 23)
-/* --codes-min-rows's default: below it the query's encoding costs more than the codes save. A build may set it
+/* --codes-min-rows's default: a scope of fewer rows (the tier, or the namespace a search is filtered to) is scanned
+ * from its rows, which costs less than the codes and the re-scoring of what they leave. A build may set it
  * (-DTR_CPU_CODES_MIN_ROWS=0: every search of a sidecar started with the defaults goes through the codes). */
 #ifndef TR_CPU_CODES_MIN_ROWS
 #define TR_CPU_CODES_MIN_ROWS 1024u
@@ -57,7 +58,8 @@ typedef struct cpu_backend {
     int64_t *heap_ids;
     /* --codes int8 */
     int codes_on;
-    uint64_t codes_min_rows;
+    uint64_t codes_min_rows; /* of the scope searched: the tier, or the namespace a search is filtered to */
+    void *segment;           /* the mapped segment, whose namespace table says a namespace's rows */
     tr_cpu_codes codes;
     tr_codes_scan *scans;  /* one per worker */
     tr_code_cand *cand;    /* cand_cap per worker */
@@ -86,6 +88,7 @@ static int setup_codes(cpu_backend *b, const tr_backend_config *cfg, uint32_t wo
     if (tr_cpu_codes_init(&b->codes, cfg->dim, cfg->capacity, cfg->cpu_isa, err, errlen) != 0) return -1;
     b->codes_on = 1;
     b->codes_min_rows = cfg->codes_min_rows == UINT64_MAX ? TR_CPU_CODES_MIN_ROWS : cfg->codes_min_rows;
+    b->segment = cfg->segment;
     const uint64_t share = cfg->capacity / workers / 4;
     b->cand_cap = share < 512 ? 512u : (share > (1u << 30) ? (1u << 30) : (uint32_t)share);
     b->scans = calloc(workers, sizeof *b->scans);
@@ -360,6 +363,14 @@ static void search_full(cpu_backend *b, const float *q, uint32_t k, int filter_n
     *hits = n;
 }
 
+/* The rows a search can find: the tier's, or the namespace's it is filtered to. A scope below --codes-min-rows is
+ * scanned from its rows, in a tier of any size: the codes' bounds prune little there, and the candidates they leave
+ * are re-scored from the rows anyway. */
+static uint64_t scope_rows(const cpu_backend *b, int filter_ns, uint64_t ns_hash) {
+    if (!filter_ns || !b->segment) return b->rows;
+    return tr_ns_hot_rows(b->segment, (const tr_header *)b->segment, ns_hash);
+}
+
 static int cpu_search(void *self, const float *queries, uint32_t nq, uint32_t k, int filter_ns,
                       uint64_t ns_hash, int64_t *ids_out, float *scores_out, uint32_t *hits,
                       char *err, size_t errlen) {
@@ -370,7 +381,7 @@ static int cpu_search(void *self, const float *queries, uint32_t nq, uint32_t k,
         const float *q = queries + (size_t)qi * b->dim;
         int64_t *ids = ids_out + (size_t)qi * k;
         float *scores = scores_out + (size_t)qi * k;
-        int codes = b->codes_on && b->rows >= b->codes_min_rows && b->rows > 0;
+        int codes = b->codes_on && b->rows > 0 && scope_rows(b, filter_ns, ns_hash) >= b->codes_min_rows;
         if (codes && b->backoff) {
             b->backoff--;
             codes = 0;

@@ -65,7 +65,7 @@ static const flag flags[] = {
      "bounds each score and re-scores from the rows only those that can reach the top k (exact; 1 byte a dimension "
      "more a row); off: scan the rows", "int8, except cuda with --dtype f32: off"},
     {"codes-min-rows", F_U64, OFF(codes_min_rows), 0, 1ull << 34, "ROWS", "with --codes int8: tiers of fewer rows "
-     "scan the rows (the codes pay from about this size)", "cpu 1024, cuda 100000"},
+     "scan the rows (the codes pay from about this size); on the CPU also a namespace searched alone", "cpu 1024, cuda 100000"},
     {"idle-spin-us", F_U64, OFF(idle_spin_us), 0, 60ull * 1000 * 1000, "US", "keep polling this long after the last "
      "answer before sleeping (the CUDA backend also stops its persistent kernel then)", NULL},
     {"gather-us", F_U64, OFF(gather_us), 0, 1000ull * 1000, "US", "after answering searches of several clients, wait "

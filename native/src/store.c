@@ -8,14 +8,6 @@
 #define MAP_EMPTY (-1)
 #define MAP_DELETED (-2)
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
 
 int tr_store_init(tr_store *s, uint32_t dim, uint64_t capacity, uint32_t max_upsert_rows,
                   tr_ns_entry *ns_table, uint32_t ns_entries, uint64_t *namespaces_counter,
@@ -61,7 +53,7 @@ void tr_store_free(tr_store *s) {
 /* ---- id map ---- */
 
 static int64_t map_find_slot(const tr_store *s, int64_t id) {
-    uint64_t i = mix64((uint64_t)id) & s->map_mask;
+    uint64_t i = tr_mix64((uint64_t)id) & s->map_mask;
     for (;;) {
         int64_t r = s->map_rows[i];
         if (r == MAP_EMPTY) return -1;
@@ -79,7 +71,7 @@ static void map_rebuild(tr_store *s) {
     s->map_deleted = 0;
     for (uint64_t i = 0; i <= s->map_mask; i++) s->map_rows[i] = MAP_EMPTY;
     for (uint64_t r = 0; r < s->rows; r++) {
-        uint64_t i = mix64((uint64_t)s->ids[r]) & s->map_mask;
+        uint64_t i = tr_mix64((uint64_t)s->ids[r]) & s->map_mask;
         while (s->map_rows[i] != MAP_EMPTY) i = (i + 1) & s->map_mask;
         s->map_keys[i] = s->ids[r];
         s->map_rows[i] = (int64_t)r;
@@ -87,7 +79,7 @@ static void map_rebuild(tr_store *s) {
 }
 
 static void map_put(tr_store *s, int64_t id, int64_t row) {
-    uint64_t i = mix64((uint64_t)id) & s->map_mask;
+    uint64_t i = tr_mix64((uint64_t)id) & s->map_mask;
     int64_t first_deleted = -1;
     for (;;) {
         int64_t r = s->map_rows[i];
@@ -157,7 +149,7 @@ static void lru_move(tr_store *s, int64_t dst, int64_t src) {
 static tr_ns_entry *ns_find(tr_store *s, uint64_t h, int create) {
     if (h == 0) h = 1; /* 0 marks an empty entry; namespace_hash() never returns 0 */
     uint64_t mask = s->ns_entries - 1;
-    uint64_t i = mix64(h) & mask;
+    uint64_t i = tr_mix64(h) & mask;
     for (uint32_t probes = 0; probes < s->ns_entries; probes++) {
         uint64_t cur = __atomic_load_n(&s->ns_table[i].ns_hash, __ATOMIC_ACQUIRE);
         if (cur == h) return &s->ns_table[i];

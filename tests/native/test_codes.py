@@ -201,6 +201,24 @@ def test_rows_too_alike_fall_back_to_the_full_scan(pair):
     assert st["code_scans"] == st["code_fallbacks"] < len(queries), st  # after a fallback, the full scan at once
 
 
+def test_a_search_filtered_to_a_small_namespace_scans_its_rows(start):
+    """In a tier past --codes-min-rows, a search filtered to a namespace of fewer rows scans that namespace's rows
+    (nothing counted), one filtered to a larger namespace takes the codes; both answer as the full scan does."""
+    rng = np.random.default_rng(5)
+    proc, hot = start(dim=32, capacity=6000, codes_min_rows=1000)
+    x = unit(rng.standard_normal((5000, 32)))
+    hot.upsert(np.arange(4500), x[:4500], 1)  # the large namespace
+    hot.upsert(np.arange(4500, 5000), x[4500:], 2)  # 500 rows: below --codes-min-rows
+    ids = np.arange(5000)
+    for namespace, rows, counted in ((2, slice(4500, 5000), 0), (1, slice(0, 4500), 1)):
+        q = unit(rng.standard_normal((1, 32)))[0]
+        before = hot.stats()["code_scans"]
+        got = hot.search(q, k=64, namespace_hash=namespace)
+        assert hot.stats()["code_scans"] - before == counted
+        expected, _ = exact_ids(x[rows], q, ids[rows], 64)
+        assert got.ids[0].tolist() == expected.tolist()
+
+
 def test_small_tiers_scan_the_rows(start):
     """Below --codes-min-rows a search scans the rows: nothing is counted."""
     rng = np.random.default_rng(4)

@@ -279,6 +279,31 @@ static inline unsigned char *tr_slot_payload(tr_slot *slot) {
 static inline tr_ns_entry *tr_ns_table(void *base, const tr_header *h) {
     return (tr_ns_entry *)((char *)base + h->ns_offset);
 }
+/* The namespace table's probe starts at tr_mix64(ns_hash) & (ns_entries - 1) and steps by one
+ * (tiered_recall/hot/segment.py's mix64 is the same function; the server's id map uses it too). */
+static inline uint64_t tr_mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+/* The hot rows of one namespace as the table holds them (0 when it has no entry); a hash of 0 is read as 1, as the
+ * server stores it. */
+static inline uint64_t tr_ns_hot_rows(void *base, const tr_header *h, uint64_t ns_hash) {
+    const tr_ns_entry *table = tr_ns_table(base, h);
+    if (ns_hash == 0) ns_hash = 1;
+    const uint64_t mask = (uint64_t)h->ns_entries - 1;
+    uint64_t i = tr_mix64(ns_hash) & mask;
+    for (uint32_t probes = 0; probes < h->ns_entries; probes++) {
+        const uint64_t cur = __atomic_load_n(&table[i].ns_hash, __ATOMIC_ACQUIRE);
+        if (cur == ns_hash) return __atomic_load_n(&table[i].hot_rows, __ATOMIC_ACQUIRE);
+        if (cur == 0) return 0;
+        i = (i + 1) & mask;
+    }
+    return 0;
+}
 static inline tr_client_entry *tr_clients(void *base, const tr_header *h) {
     return (tr_client_entry *)((char *)base + h->clients_offset);
 }
