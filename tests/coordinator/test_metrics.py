@@ -110,3 +110,29 @@ def test_a_configured_tracer_gets_a_span_per_search(tmp_path):
     attributes = spans[0][1]
     assert attributes["rule"] == "no-hot" and attributes["path"] == "cold" and attributes["hits"] == 1
     assert attributes["namespace"] == "n" and attributes["k"] == 1
+
+
+def test_a_tracer_configured_after_searches_began_is_seen_within_the_recheck(tmp_path):
+    code = textwrap.dedent("""
+        import sys, json, time, numpy as np
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from tiered_recall import TieredMemory
+        from tiered_recall.coordinator.metrics import TRACER_RECHECK_S
+        with TieredMemory(sys.argv[1], dim=4, embedder=None, device="none") as memory:
+            memory.add(["a"], vectors=np.eye(4, dtype=np.float32)[0], namespace="n")
+            memory.search(np.eye(4, dtype=np.float32)[0], k=1, namespace="n")  # no provider yet
+            exporter = InMemorySpanExporter()
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+            time.sleep(TRACER_RECHECK_S + 0.05)
+            memory.search(np.eye(4, dtype=np.float32)[0], k=1, namespace="n")
+        print(json.dumps([s.name for s in exporter.get_finished_spans()]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["tiered_recall.search"]

@@ -253,9 +253,23 @@ def span(name: str, **attributes: Any):
     return tracer.start_as_current_span(name, attributes=attributes)
 
 
+# How long "no tracer provider is configured" is taken as read: asking OpenTelemetry costs a search about 2 us (it
+# reads the environment each time), and a provider, once set, stays (OpenTelemetry sets the global one only once).
+TRACER_RECHECK_S = 1.0
+_no_tracer_until = 0.0
+
+
 def tracing() -> bool:
-    """Whether the application has configured an OpenTelemetry tracer provider (spans would go somewhere)."""
-    return _tracer() is not None
+    """Whether the application has configured an OpenTelemetry tracer provider (spans would go somewhere); one set
+    after the last check is seen within TRACER_RECHECK_S."""
+    global _no_tracer_until
+    if _no_tracer_until and time.monotonic() < _no_tracer_until:
+        return False
+    if _tracer() is None:
+        _no_tracer_until = time.monotonic() + TRACER_RECHECK_S
+        return False
+    _no_tracer_until = 0.0
+    return True
 
 
 class _NoSpan:

@@ -130,6 +130,7 @@ class HotTier(SegmentReads):
         self._payload_bytes = int(h.slot_payload_bytes)
         self._ns_table = np.frombuffer(self._mm, dtype=NS_DTYPE, count=int(h.ns_entries), offset=int(h.ns_offset))
         self._ns_mask = int(h.ns_entries) - 1
+        self._ns_places: dict[int, int] = {}
         # The same table as 64-bit words (hash, hot rows, total rows, reserved per entry): indexing a memoryview
         # gives Python ints at once, where a structured array's entry costs a numpy scalar per field.
         ns_start, ns_end = int(h.ns_offset), int(h.ns_offset) + NS_DTYPE.itemsize * int(h.ns_entries)

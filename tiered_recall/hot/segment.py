@@ -35,6 +35,9 @@ def segment_path(name: str) -> Path:
     return SHM_DIR / f"{L.SEGMENT_PREFIX}{validate_name(name)}"
 
 
+NAMESPACE_PLACES_KEPT = 4096  # namespaces whose entry's place in the table a client keeps
+
+
 def mix64(x: int) -> int:
     """The sidecar's hash of a namespace hash to its first probe in the namespace table (layout.h)."""
     x ^= x >> 33
@@ -81,17 +84,24 @@ def checked_header(fd: int, path: Path, name: str, dim: int | None) -> "L.Header
 class SegmentReads:
     """What a client reads straight from its mapped segment, no call to the sidecar: the namespace table, the
     header's counters and state, and its own client entry. HotTier (client.py) maps the segment and sets the views
-    these read: _mm, _header, _ns_table, _ns_words, _ns_mask and _entry_words."""
+    these read: _mm, _header, _ns_table, _ns_words, _ns_mask, _ns_places (an empty dict) and _entry_words."""
 
     def namespace_rows(self, namespace_hash: int) -> tuple[int, int]:
-        """(hot rows, total rows as last set) of one namespace; (0, 0) when unknown."""
+        """(hot rows, total rows as last set) of one namespace; (0, 0) when unknown. The entry's place is kept once
+        found (the sidecar never moves an entry, and the place is checked on each read): a search reads this twice."""
         h = (int(namespace_hash) & MASK64) or 1
+        words = self._ns_words
+        at = self._ns_places.get(h)
+        if at is not None and words[at] == h:
+            return words[at + 1], words[at + 2]
         mask = self._ns_mask
         i = mix64(h) & mask
-        words = self._ns_words
         for _ in range(mask + 1):
             cur = words[4 * i]
             if cur == h:
+                if len(self._ns_places) >= NAMESPACE_PLACES_KEPT:
+                    self._ns_places.clear()
+                self._ns_places[h] = 4 * i
                 return words[4 * i + 1], words[4 * i + 2]
             if cur == 0:
                 return 0, 0
