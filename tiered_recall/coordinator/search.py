@@ -250,10 +250,10 @@ class TieredSearch:
         else:
             pooled = [(i, score) for i, score, _ in vector[:depth]]
         pooled = [(i, score) for i, score in pooled if i in memories]
-        chosen = [memories[i] for i, _ in pooled]
-        places, scores = rank_pool([score for _, score in pooled], self.features.of(chosen),
-                                   [m.session for m in chosen] if stages.session_spread else None, text, k, stages)
-        chosen = [chosen[place] for place in places]
+        pool = [memories[i] for i, _ in pooled]
+        places, scores = rank_pool([score for _, score in pooled], self.features.of(pool),
+                                   [m.session for m in pool] if stages.session_spread else None, text, k, stages)
+        chosen = [pool[place] for place in places]
         with self.lock:
             self.placement.use(m.id for m in chosen if tier_of.get(m.id) == "hot")
         hits = [hit_of(m, score, tier_of.get(m.id, "cold")) for m, score in zip(chosen, scores)]

@@ -97,7 +97,7 @@ class Stages:
 
 
 class Candidate(NamedTuple):
-    """One pooled memory as the stages see it (a named tuple: a search builds one per pooled memory)."""
+    """One pooled memory as rerank reads it (a staged search hands rank_pool columns instead)."""
 
     id: int
     score: float  # the pool's ranking score: cosine, or the fused reciprocal-rank score
@@ -228,7 +228,7 @@ def rank_pool(pool_scores: Sequence[float], features: Sequence[TurnFeatures], se
         order = np.argsort(-adjusted, kind="stable")[:k]
         return order.tolist(), adjusted[order].tolist()
     if sessions is None:
-        raise InvalidInput("a session spread needs the pool's sessions")
+        raise ValueError("rank_pool: a session spread reads the pool's sessions; pass them")
     return _spread_over_sessions(sessions, adjusted, k, stages.session_spread)
 
 
