@@ -148,22 +148,16 @@ static void lru_move(tr_store *s, int64_t dst, int64_t src) {
 
 static tr_ns_entry *ns_find(tr_store *s, uint64_t h, int create) {
     if (h == 0) h = 1; /* 0 marks an empty entry; namespace_hash() never returns 0 */
-    uint64_t mask = s->ns_entries - 1;
-    uint64_t i = tr_mix64(h) & mask;
-    for (uint32_t probes = 0; probes < s->ns_entries; probes++) {
-        uint64_t cur = __atomic_load_n(&s->ns_table[i].ns_hash, __ATOMIC_ACQUIRE);
-        if (cur == h) return &s->ns_table[i];
-        if (cur == 0) {
-            if (!create) return NULL;
-            s->ns_table[i].hot_rows = 0;
-            s->ns_table[i].total_rows = 0;
-            __atomic_store_n(&s->ns_table[i].ns_hash, h, __ATOMIC_RELEASE);
-            (*s->namespaces)++;
-            return &s->ns_table[i];
-        }
-        i = (i + 1) & mask;
-    }
-    return NULL;
+    const uint32_t i = tr_ns_probe(s->ns_table, s->ns_entries, h);
+    if (i == s->ns_entries) return NULL; /* full */
+    tr_ns_entry *e = &s->ns_table[i];
+    if (__atomic_load_n(&e->ns_hash, __ATOMIC_ACQUIRE) == h) return e;
+    if (!create) return NULL;
+    e->hot_rows = 0;
+    e->total_rows = 0;
+    __atomic_store_n(&e->ns_hash, h, __ATOMIC_RELEASE);
+    (*s->namespaces)++;
+    return e;
 }
 
 static void ns_add(tr_store *s, uint64_t h, int64_t delta) {

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tiered_recall.hot import layout as L
-from tiered_recall.errors import HotTierFull, IncompatibleLayout, InvalidInput, SidecarUnavailable
+from tiered_recall.errors import HotTierFull, IncompatibleLayout, InvalidInput, SidecarError, SidecarUnavailable
 from tiered_recall.hot import HotTier, start_sidecar
 
 BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
@@ -291,3 +291,21 @@ def test_second_sidecar_on_same_name_is_refused(start, segment_name):
     start(dim=8, capacity=10)
     with pytest.raises(SidecarUnavailable, match="live sidecar"):
         start_sidecar(segment_name, dim=8, capacity=10)
+
+
+def test_the_namespace_table_fills_and_then_says_so(start):
+    """Every namespace the table takes reads back its own totals (the probe finds each past collisions), a full table
+    refuses the next one with a message naming --namespaces, and the namespaces already there keep working."""
+    proc, hot = start(dim=8, capacity=16)  # a table of 4,096 entries, the smallest
+    entries = 4096
+    assert hot._ns_table.shape == (entries,)
+    totals = {h: h % 97 + 1 for h in range(1, entries + 1)}
+    hot.set_namespace_totals(totals)
+    assert all(hot.namespace_rows(h) == (0, t) for h, t in totals.items())
+    full = r"namespace table \(4096 entries\) is full: restart the sidecar with more --namespaces"
+    with pytest.raises(SidecarError, match=full):
+        hot.set_namespace_totals({entries + 1: 3})
+    rng = np.random.default_rng(2)
+    hot.upsert(np.arange(4), unit_rows(rng, 4, 8), 5)
+    assert hot.namespace_rows(5) == (4, totals[5])
+    assert hot.search(unit_rows(rng, 1, 8)[0], k=4, namespace_hash=5).hits == 4

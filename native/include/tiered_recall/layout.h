@@ -289,20 +289,27 @@ static inline uint64_t tr_mix64(uint64_t x) {
     x ^= x >> 33;
     return x;
 }
+/* Where namespace hash h (not 0) is in a table of `entries` (a power of two) entries: the index of its entry, else of
+ * the empty entry where it would go; `entries` when the table is full without it. The server's store.c and the CPU
+ * backend both probe through it. */
+static inline uint32_t tr_ns_probe(const tr_ns_entry *table, uint32_t entries, uint64_t h) {
+    const uint64_t mask = (uint64_t)entries - 1;
+    uint64_t i = tr_mix64(h) & mask;
+    for (uint32_t probes = 0; probes < entries; probes++) {
+        const uint64_t cur = __atomic_load_n(&table[i].ns_hash, __ATOMIC_ACQUIRE);
+        if (cur == h || cur == 0) return (uint32_t)i;
+        i = (i + 1) & mask;
+    }
+    return entries;
+}
 /* The hot rows of one namespace as the table holds them (0 when it has no entry); a hash of 0 is read as 1, as the
  * server stores it. */
 static inline uint64_t tr_ns_hot_rows(void *base, const tr_header *h, uint64_t ns_hash) {
     const tr_ns_entry *table = tr_ns_table(base, h);
     if (ns_hash == 0) ns_hash = 1;
-    const uint64_t mask = (uint64_t)h->ns_entries - 1;
-    uint64_t i = tr_mix64(ns_hash) & mask;
-    for (uint32_t probes = 0; probes < h->ns_entries; probes++) {
-        const uint64_t cur = __atomic_load_n(&table[i].ns_hash, __ATOMIC_ACQUIRE);
-        if (cur == ns_hash) return __atomic_load_n(&table[i].hot_rows, __ATOMIC_ACQUIRE);
-        if (cur == 0) return 0;
-        i = (i + 1) & mask;
-    }
-    return 0;
+    const uint32_t i = tr_ns_probe(table, h->ns_entries, ns_hash);
+    if (i == h->ns_entries || __atomic_load_n(&table[i].ns_hash, __ATOMIC_ACQUIRE) != ns_hash) return 0;
+    return __atomic_load_n(&table[i].hot_rows, __ATOMIC_ACQUIRE);
 }
 static inline tr_client_entry *tr_clients(void *base, const tr_header *h) {
     return (tr_client_entry *)((char *)base + h->clients_offset);
