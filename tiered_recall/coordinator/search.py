@@ -247,9 +247,9 @@ class TieredSearch:
                     found = self.cache.lookup(missing)
                 now_us = time.time_ns() // 1000
                 memories.update((i, m) for i, m in found.items() if not m.expired(now_us))
+            pooled = [(i, score) for i, score in pooled if i in memories]
         else:
-            pooled = [(i, score) for i, score, _ in vector[:depth]]
-        pooled = [(i, score) for i, score in pooled if i in memories]
+            pooled = [(i, score) for i, score, _ in vector[:depth]]  # every one of them in memories
         pool = [memories[i] for i, _ in pooled]
         places, scores = rank_pool([score for _, score in pooled], self.features.of(pool),
                                    [m.session for m in pool] if stages.session_spread else None, text, k, stages)
