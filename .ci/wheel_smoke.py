@@ -35,10 +35,13 @@ def main() -> int:
     assert site in package.parents, f"tiered_recall imported from {package}, not from the installed wheel in {site}"
     binaries = package / "_bin"
     shipped = sorted(p.name for p in binaries.iterdir())
-    for name in ("tr-sidecar", "libtrclient.so", "_trfast.abi3.so"):
+    for name in ("tr-sidecar", "libtrclient.so", "_trfast.abi3.so", "_trstages.abi3.so"):
         assert name in shipped, f"the wheel has no {name} (it has {shipped})"
     fast = native.fast_search_module()
     assert fast is not None and fast.__file__.endswith(".abi3.so"), "the stable-ABI search fast path did not load"
+    from tiered_recall.coordinator.stages import compiled_stages
+    loops = compiled_stages()
+    assert loops is not None and loops.__file__.endswith(".abi3.so"), "the stable-ABI compiled stages did not load"
     backends = subprocess.run([str(binaries / "tr-sidecar"), "--backends"], capture_output=True, text=True,
                               check=True).stdout.split()
     if args.expect_cuda_build or args.device == "cuda":

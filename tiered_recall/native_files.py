@@ -1,7 +1,8 @@
-"""Finds the files native/ compiles (the sidecar, the client library, the fused encoder) where the package installed
+"""Finds the files native/ compiles (the sidecar, the client library, the fused encoder, the compiled stages) where the package installed
 them, or in the folder TIERED_RECALL_BIN_DIR names."""
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import sysconfig
@@ -35,4 +36,14 @@ def installed_file(filename: str) -> Path | None:
         path = directory / filename
         if path.exists():
             return path
+    return None
+
+
+def installed_extension(name: str) -> Path | None:
+    """The first candidate folder's compiled extension module `name` (any suffix this Python loads), or None."""
+    for directory in candidate_dirs():
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = directory / f"{name}{suffix}"
+            if path.exists():
+                return path
     return None

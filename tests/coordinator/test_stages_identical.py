@@ -1,15 +1,18 @@
 """The vectorised retrieval stages and BM25 search rank exactly as the loop implementations they replaced: every dev
 question's BM25 ranking, fused pool and re-ranked top k (ids and scores) compared with the reference below, kept only
 here: BM25's search as of 040a8e2 (storage/_bm25.py), fusion and re-ranking as of 8b69094 (coordinator/stages.py,
-the stages that merge brought: keyword match, neighbours lifting towards a better neighbour).
+the stages that merge brought: keyword match, neighbours lifting towards a better neighbour). Both ways the stages
+run are compared: the compiled loops (_trstages, native/src/stagefast.c) and the Python ones.
 
 The pools are built as a text search builds them, over the LoCoMo dev split ingested with WordLlama (the stages read
 only a pool's ids, scores, texts and metadata, so the embedder that ranked it does not matter here)."""
 from __future__ import annotations
 
 import math
+import sysconfig
 from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,12 +20,22 @@ import pytest
 
 from tiered_recall.coordinator.presets import PRESETS
 from tiered_recall.coordinator.stages import (_QUESTION_WORDS, _TEMPORAL_QUESTION, CONVERSATION_KEY, RRF_C,
-                                              TURN_INDEX_KEY, Candidate, Stages, fused_pool, names_a_time, rerank)
+                                              TURN_INDEX_KEY, Candidate, Stages, compiled_stages, fused_pool,
+                                              names_a_time, rerank)
 from tiered_recall.storage._bm25 import Bm25Index
 from tiered_recall.text_terms import tokenize
 from tiered_recall.testing.locomo import DATA_FILE, DEFAULT_DATA, ExactSearchSink, load_questions
 
 K = 25
+
+
+@pytest.fixture(params=[True, False], ids=["compiled", "python"])
+def compiled(request) -> bool:
+    if request.param and compiled_stages() is None:
+        has_headers = (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
+        assert not has_headers, "Python.h and numpy are here, so `pip install .` must have built _trstages"
+        pytest.skip("this Python has no headers: the build leaves the compiled stages out")
+    return request.param
 
 
 # ---- the reference: the loops of 040a8e2 (BM25) and 8b69094 (the stages) ---------------------------------------
@@ -142,7 +155,7 @@ def test_bm25_search_ranks_as_the_loop_did(dev_split) -> None:
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_every_dev_questions_top_k_is_the_loops(dev_split, preset: str) -> None:
+def test_every_dev_questions_top_k_is_the_loops(dev_split, preset: str, compiled: bool) -> None:
     """The preset's stages over its vector pool, the same with a session spread (its greedy loop), and with BM25
     fusion building the pool (fused_pool), question by question."""
     sink, questions, query_vectors, index = dev_split
@@ -168,14 +181,15 @@ def test_every_dev_questions_top_k_is_the_loops(dev_split, preset: str) -> None:
             pooled = fused_ids if setting.bm25_weight else vector_pool
             pool = [Candidate(i, score, sink.records[i].text, sink.records[i].metadata.get("session_number"),
                               sink.records[i].metadata) for i, score in pooled]
-            got = [(candidate.id, score) for candidate, score in rerank(pool, question.text, K, setting)]
+            got = [(candidate.id, score) for candidate, score in rerank(pool, question.text, K, setting,
+                                                                        compiled=compiled)]
             assert got == reference_rerank(pool, question.text, K, setting), question.text
             if setting is stages:
                 moved += [i for i, _ in vector_pool[:K]] != [i for i, _ in got]
     assert moved > len(questions) // 4  # the stages did re-rank: the comparison was not of pool orders
 
 
-def test_random_pools_with_odd_metadata_rank_as_the_loop_did() -> None:
+def test_random_pools_with_odd_metadata_rank_as_the_loop_did(compiled: bool) -> None:
     """Pools the dev split never makes: turns repeated within a conversation, conversations missing or not strings,
     turn indexes that are bools, floats, strings or absent, sessions repeated, tied scores."""
     rng = np.random.default_rng(11)
@@ -200,5 +214,48 @@ def test_random_pools_with_odd_metadata_rank_as_the_loop_did() -> None:
                          temporal_weight=float(rng.choice([0.0, 0.1])),
                          session_spread=float(rng.choice([0.0, 0.05])))
         k = int(rng.integers(1, 30))
-        got = [(candidate.id, score) for candidate, score in rerank(pool, question, k, setting)]
+        got = [(candidate.id, score) for candidate, score in rerank(pool, question, k, setting, compiled=compiled)]
         assert got == reference_rerank(pool, question, k, setting), (question, setting)
+
+
+def test_the_compiled_stages_follow_numpy_where_scores_are_not_finite() -> None:
+    """NaN and infinite pool scores (no tier gives them, but the compiled arithmetic must not part from numpy's
+    there either): the compiled path's places and scores are the Python path's, NaNs compared by their bits."""
+    if compiled_stages() is None:
+        pytest.skip("the compiled stages are not built here")
+    from tiered_recall.coordinator.stages import FeatureCache, rank_pool
+    rng = np.random.default_rng(5)
+    words = "cat dog lemon when yesterday park 2023".split()
+    for _ in range(300):
+        size = int(rng.integers(1, 40))
+        scores = [float(rng.choice([rng.random(), 0.5, np.nan, np.inf, -np.inf], p=[0.6, 0.1, 0.1, 0.1, 0.1]))
+                  for _ in range(size)]
+        pool = [Candidate(i, scores[i], " ".join(rng.choice(words, size=3)), "s",
+                          {TURN_INDEX_KEY: int(rng.integers(0, 8)), CONVERSATION_KEY: "a"}) for i in range(size)]
+        features = FeatureCache().of(pool)
+        question = " ".join(rng.choice(words, size=3)) + "?"
+        setting = Stages(keyword_weight=0.8, neighbour_weight=float(rng.choice([0.5, 1.0])), temporal_weight=0.1)
+        with np.errstate(invalid="ignore"):  # inf - inf and inf / inf: numpy warns, and both give NaN
+            got = rank_pool(scores, features, None, question, 10, setting, compiled=True)
+            expected = rank_pool(scores, features, None, question, 10, setting, compiled=False)
+        assert got[0] == expected[0] and list(map(repr, got[1])) == list(map(repr, expected[1])), (scores, question)
+
+
+def test_the_compiled_stages_refuse_what_is_not_theirs() -> None:
+    """Wrong arguments raise TypeError (rank_pool never passes them): nothing is read past an array's end."""
+    fast = compiled_stages()
+    if fast is None:
+        pytest.skip("the compiled stages are not built here")
+    with pytest.raises(TypeError):
+        fast.pool_lookups([("not", "features")], ("word",))
+    with pytest.raises(TypeError):
+        fast.pool_lookups((), ())
+    with pytest.raises(TypeError):
+        fast.pool_adjusted([0.5, 0.25], np.zeros(3), 0.8, None, 0.0, None, 0.0)
+    with pytest.raises(TypeError):
+        fast.pool_adjusted([0.5, 0.25], None, 0.0, np.zeros((2, 2), dtype=np.int32), 0.5, None, 0.0)
+    with pytest.raises(ValueError, match="outside the pool"):
+        fast.pool_adjusted([0.5, 0.25], None, 0.0, np.array([[0, 3], [1, 2]], dtype=np.intp), 0.5, None, 0.0)
+    with pytest.raises(TypeError):
+        fast.top_k(np.zeros(3, dtype=np.float32), 2)
+    assert fast.top_k(np.array([0.1, 0.3, 0.3]), 5) == ([1, 2, 0], [0.3, 0.3, 0.1])

@@ -11,9 +11,11 @@ exact), so the re-ranked answer is the same whichever tier served it (docs/recal
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import operator
 import re
+import warnings
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 
 from ..errors import InvalidInput
+from ..native_files import installed_extension
 from ..text_terms import tokenize
 
 TURN_INDEX_KEY = "turn_index"  # metadata that ingest writes: a turn's place in its conversation
@@ -32,6 +35,7 @@ RRF_C = 60.0  # reciprocal-rank fusion's constant, as the cold tier's hybrid sea
 # per-query kernel there, several times slower.
 RRF_DEPTH = 64
 DEPTH_MAX = 1000
+COMPILED_STAGES_API = 1  # what rank_pool expects of _trstages (its API constant)
 POOL_MAX = 1000
 # A question asking for a time, and a turn that carries one (relative days, weekdays, months, years).
 _TEMPORAL_QUESTION = re.compile(r"\b(when|what (year|month|date|day|time)|how long|which (year|month|day))\b", re.I)
@@ -195,22 +199,49 @@ class FeatureCache:
         return out
 
 
-def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages) -> list[tuple[Candidate, float]]:
+def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages, *,
+           compiled: bool = True) -> list[tuple[Candidate, float]]:
     """The best k of the pool under the stages' scoring, with those scores (the pool's scaled to [0, 1] plus what
-    the stages add); ties keep the pool's order."""
+    the stages add); ties keep the pool's order. compiled: as rank_pool's."""
     places, scores = rank_pool([candidate.score for candidate in pool],
                                [turn_features(candidate.text, candidate.metadata) for candidate in pool],
-                               [candidate.session for candidate in pool], query_text, k, stages)
+                               [candidate.session for candidate in pool], query_text, k, stages, compiled=compiled)
     return [(pool[place], score) for place, score in zip(places, scores)]
 
 
 def rank_pool(pool_scores: Sequence[float], features: Sequence[TurnFeatures], sessions: Sequence[Any] | None,
-              query_text: str, k: int, stages: Stages) -> tuple[list[int], list[float]]:
+              query_text: str, k: int, stages: Stages, *, compiled: bool = True) -> tuple[list[int], list[float]]:
     """rerank over a pool given as columns: the places (in the pool) of the best k and their scores. sessions is
-    read only for a session spread."""
+    read only for a session spread. compiled: through _trstages where it is installed (the same places and scores
+    as the Python loops, bit for bit; False: the Python loops)."""
     count = len(features)
     if not count:
         return [], []
+    fast = compiled_stages() if compiled else None
+    if fast is None:
+        adjusted = _adjusted(pool_scores, features, query_text, stages)
+    else:
+        holds, neighbours, timed = fast.pool_lookups(list(features), _question_words(query_text)
+                                                     if stages.keyword_weight else ())
+        adjusted = fast.pool_adjusted(
+            pool_scores if isinstance(pool_scores, list) else list(pool_scores),
+            _keyword_weights(holds.T) if stages.keyword_weight else None, float(stages.keyword_weight),
+            neighbours if stages.neighbour_weight else None, float(stages.neighbour_weight),
+            timed if stages.temporal_weight and _TEMPORAL_QUESTION.search(query_text) else None,
+            float(stages.temporal_weight))
+    if not stages.session_spread:
+        if fast is not None:
+            return fast.top_k(adjusted, k)
+        order = np.argsort(-adjusted, kind="stable")[:k]
+        return order.tolist(), adjusted[order].tolist()
+    if sessions is None:
+        raise ValueError("rank_pool: a session spread reads the pool's sessions; pass them")
+    return _spread_over_sessions(sessions, adjusted, k, stages.session_spread)
+
+
+def _adjusted(pool_scores: Sequence[float], features: Sequence[TurnFeatures], query_text: str,
+              stages: Stages) -> np.ndarray:
+    """The pool's scores after the stages, before the pool is ordered by them (the Python loops)."""
     raw = np.array(pool_scores, dtype=np.float64)
     # The stages work on the pool's scores scaled to [0, 1], so that one weight means the same for cosine
     # similarities (which crowd together) and for fused reciprocal-rank scores.
@@ -223,13 +254,32 @@ def rank_pool(pool_scores: Sequence[float], features: Sequence[TurnFeatures], se
     if stages.neighbour_weight:
         adjusted += stages.neighbour_weight * np.maximum(_best_neighbour_scores(features, scores) - scores, 0.0)
     if stages.temporal_weight and _TEMPORAL_QUESTION.search(query_text):
-        adjusted += stages.temporal_weight * np.fromiter(map(_timed, features), dtype=bool, count=count)
-    if not stages.session_spread:
-        order = np.argsort(-adjusted, kind="stable")[:k]
-        return order.tolist(), adjusted[order].tolist()
-    if sessions is None:
-        raise ValueError("rank_pool: a session spread reads the pool's sessions; pass them")
-    return _spread_over_sessions(sessions, adjusted, k, stages.session_spread)
+        adjusted += stages.temporal_weight * np.fromiter(map(_timed, features), dtype=bool, count=len(features))
+    return adjusted
+
+
+@functools.lru_cache(maxsize=1)
+def compiled_stages() -> Any:
+    """The compiled stage loops (native/src/stagefast.c, the module _trstages) from where the package keeps its
+    compiled files, or None where that build had no Python headers or numpy: rank_pool then runs its Python loops,
+    which rank the same."""
+    path = installed_extension("_trstages")
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location("tiered_recall._trstages", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # e.g. built against another numpy than the one installed now
+        warnings.warn(f"{path} could not be loaded ({exc}): the retrieval stages run in Python, about 0.1 ms slower "
+                      "a search; reinstall the package to rebuild it", RuntimeWarning, stacklevel=2)
+        return None
+    if getattr(module, "API", None) != COMPILED_STAGES_API:
+        warnings.warn(f"{path} is from another version of the package (API {getattr(module, 'API', None)}, this one "
+                      f"needs {COMPILED_STAGES_API}): the retrieval stages run in Python; reinstall the package to "
+                      "rebuild it", RuntimeWarning, stacklevel=2)
+        return None
+    return module
 
 
 _timed = operator.itemgetter(1)
@@ -246,13 +296,26 @@ def keyword_match(question: str, texts: Sequence[str]) -> np.ndarray:
 
 
 def _keyword_match(term_sets: list[frozenset[str]], question: str) -> np.ndarray:
-    words = [word for word in dict.fromkeys(tokenize(question)) if word not in _QUESTION_WORDS]
+    words = _question_words(question)
     if not words:
         return np.zeros(len(term_sets))
     # (texts, words), one membership test per word and text, made by map without a Python frame per test.
     holds = np.array([list(map(operator.contains, term_sets, itertools.repeat(word))) for word in words],
                      dtype=bool).T
-    count = len(term_sets)
+    return _keyword_weights(holds)
+
+
+def _question_words(question: str) -> tuple[str, ...]:
+    """The words of a question the keyword match weighs: as the BM25 index reads words, each once, question words
+    left out."""
+    return tuple(word for word in dict.fromkeys(tokenize(question)) if word not in _QUESTION_WORDS)
+
+
+def _keyword_weights(holds: np.ndarray) -> np.ndarray:
+    """keyword_match from holds (texts, words): whether each text holds each word (all zero for no words)."""
+    count, width = holds.shape
+    if not width:
+        return np.zeros(count)
     found_in = holds.sum(axis=0)
     weights = np.log1p((count - found_in + 0.5) / (found_in + 0.5))  # BM25's inverse document frequency
     return (holds @ weights) / weights.sum()

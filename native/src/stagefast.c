@@ -1,0 +1,275 @@
+/* _trstages: the retrieval stages' per-candidate work over a pool (tiered_recall/coordinator/stages.py), compiled.
+ *
+ * rank_pool's Python reads each pooled memory's features one by one: a set lookup per question word and memory, a
+ * dict of places and two lookups per memory for its neighbours. Those loops, the score arithmetic that IEEE 754 fixes
+ * exactly (scaling, additions, products, maxima) and the stable ordering are done here; what numpy might compute
+ * otherwise than plain C does (log1p of the word weights, the matrix product, a sum) stays in numpy, so a ranking
+ * and its scores are bit for bit those of the Python path (tests/coordinator/test_stages_identical.py compares both
+ * with the reference on every dev question). */
+#define PY_SSIZE_T_CLEAN
+#ifndef Py_LIMITED_API /* CMake's USE_SABI 3.10 defines it too */
+#define Py_LIMITED_API 0x030A0000
+#endif
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <math.h>
+#include <stdlib.h>
+
+/* A TurnFeatures tuple's fields (stages.TurnFeatures: terms, timed, place, before, after). */
+enum { F_TERMS, F_TIMED, F_PLACE, F_BEFORE, F_AFTER, F_COUNT };
+
+static PyObject *feature(PyObject *features, Py_ssize_t row, int field) {
+    PyObject *item = PyList_GetItem(features, row); /* borrowed */
+    if (!item) return NULL;
+    if (!PyTuple_Check(item) || PyTuple_Size(item) < F_COUNT) {
+        PyErr_SetString(PyExc_TypeError, "pool_lookups: features must be TurnFeatures tuples");
+        return NULL;
+    }
+    return PyTuple_GetItem(item, field); /* borrowed */
+}
+
+/* pool_lookups(features, words) -> (holds, neighbours, timed)
+ * holds: bool (len(words), len(features)), C order: whether each memory's terms hold a word; the caller takes its
+ * transpose, the layout the Python path's matrix product reads (a product over another layout may sum in another
+ * order).
+ * neighbours: intp (2, len(features)): the pool row of the turn before and of the turn after each memory (the later
+ * row where a place is pooled twice), len(features) where it is not pooled. timed: bool (len(features),). */
+static PyObject *pool_lookups(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "pool_lookups(features: list, words: tuple)");
+        return NULL;
+    }
+    PyObject *features = args[0], *words = args[1];
+    const Py_ssize_t count = PyList_Size(features), width = PyTuple_Size(words);
+    npy_intp holds_shape[2] = {width, count}, neighbours_shape[2] = {2, count}, timed_shape[1] = {count};
+    PyObject *holds = PyArray_SimpleNew(2, holds_shape, NPY_BOOL);
+    PyObject *neighbours = PyArray_SimpleNew(2, neighbours_shape, NPY_INTP);
+    PyObject *timed = PyArray_SimpleNew(1, timed_shape, NPY_BOOL);
+    PyObject *seen = PyDict_New();
+    PyObject *result = NULL;
+    if (!holds || !neighbours || !timed || !seen) goto done;
+    npy_bool *hold = (npy_bool *)PyArray_DATA((PyArrayObject *)holds);
+    npy_intp *before = (npy_intp *)PyArray_DATA((PyArrayObject *)neighbours), *after = before + count;
+    npy_bool *is_timed = (npy_bool *)PyArray_DATA((PyArrayObject *)timed);
+    for (Py_ssize_t row = 0; row < count; row++) {
+        PyObject *terms = feature(features, row, F_TERMS);
+        PyObject *time_named = terms ? feature(features, row, F_TIMED) : NULL;
+        PyObject *place = time_named ? feature(features, row, F_PLACE) : NULL;
+        if (!place) goto done;
+        for (Py_ssize_t column = 0; column < width; column++) {
+            const int holds_word = PySequence_Contains(terms, PyTuple_GetItem(words, column));
+            if (holds_word < 0) goto done;
+            hold[column * count + row] = (npy_bool)holds_word;
+        }
+        const int truth = PyObject_IsTrue(time_named);
+        if (truth < 0) goto done;
+        is_timed[row] = (npy_bool)truth;
+        PyObject *index = PyLong_FromSsize_t(row);
+        const int stored = index ? PyDict_SetItem(seen, place, index) : -1; /* a later row replaces an earlier */
+        Py_XDECREF(index);
+        if (stored < 0) goto done;
+    }
+    for (Py_ssize_t row = 0; row < count; row++) {
+        for (int side = 0; side < 2; side++) {
+            PyObject *key = feature(features, row, side ? F_AFTER : F_BEFORE);
+            if (!key) goto done;
+            PyObject *found = PyDict_GetItemWithError(seen, key); /* borrowed */
+            if (!found && PyErr_Occurred()) goto done;
+            (side ? after : before)[row] = found ? (npy_intp)PyLong_AsSsize_t(found) : (npy_intp)count;
+        }
+    }
+    result = PyTuple_Pack(3, holds, neighbours, timed);
+done:
+    Py_XDECREF(holds);
+    Py_XDECREF(neighbours);
+    Py_XDECREF(timed);
+    Py_XDECREF(seen);
+    return result;
+}
+
+/* numpy's maximum and minimum: a NaN in either operand is the result */
+static double np_maximum(double a, double b) { return (a >= b || a != a) ? a : b; }
+static double np_minimum(double a, double b) { return (a <= b || a != a) ? a : b; }
+
+static const double *float64_column(PyObject *array, Py_ssize_t count, const char *name) {
+    if (!PyArray_Check(array) || PyArray_TYPE((PyArrayObject *)array) != NPY_FLOAT64 ||
+        PyArray_NDIM((PyArrayObject *)array) != 1 || PyArray_DIM((PyArrayObject *)array, 0) != count ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)array)) {
+        PyErr_Format(PyExc_TypeError, "pool_adjusted: %s must be a contiguous float64 array of the pool's length", name);
+        return NULL;
+    }
+    return (const double *)PyArray_DATA((PyArrayObject *)array);
+}
+
+/* pool_adjusted(pool_scores, keyword, keyword_weight, neighbours, neighbour_weight, timed, temporal_weight)
+ *   -> float64 (len(pool_scores),)
+ * What rank_pool's numpy computes before it orders the pool: the pool's scores scaled to [0, 1] (all 1 when they
+ * span nothing), plus keyword_weight * keyword (None: nothing), plus neighbour_weight times how much the better
+ * pooled neighbour (pool_lookups' rows; None: nothing) scores above the memory, plus temporal_weight where timed
+ * (None: nothing). Each operation in numpy's order, so each rounding is the same. */
+static PyObject *pool_adjusted(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 7 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "pool_adjusted(pool_scores: list, keyword, keyword_weight, neighbours, "
+                                         "neighbour_weight, timed, temporal_weight)");
+        return NULL;
+    }
+    const Py_ssize_t count = PyList_Size(args[0]);
+    const double keyword_weight = PyFloat_AsDouble(args[2]), neighbour_weight = PyFloat_AsDouble(args[4]),
+                 temporal_weight = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    const double *keyword = NULL;
+    if (args[1] != Py_None && !(keyword = float64_column(args[1], count, "keyword"))) return NULL;
+    const npy_intp *before = NULL, *after = NULL;
+    if (args[3] != Py_None) {
+        PyArrayObject *rows = (PyArrayObject *)args[3];
+        if (!PyArray_Check(args[3]) || PyArray_TYPE(rows) != NPY_INTP || PyArray_NDIM(rows) != 2 ||
+            PyArray_DIM(rows, 0) != 2 || PyArray_DIM(rows, 1) != count || !PyArray_IS_C_CONTIGUOUS(rows)) {
+            PyErr_SetString(PyExc_TypeError, "pool_adjusted: neighbours must be pool_lookups' (2, count) rows");
+            return NULL;
+        }
+        before = (const npy_intp *)PyArray_DATA(rows);
+        after = before + count;
+        for (Py_ssize_t i = 0; i < 2 * count; i++)
+            if (before[i] < 0 || before[i] > count) {
+                PyErr_SetString(PyExc_ValueError, "pool_adjusted: a neighbour row is outside the pool");
+                return NULL;
+            }
+    }
+    const npy_bool *timed = NULL;
+    if (args[5] != Py_None) {
+        PyArrayObject *flags = (PyArrayObject *)args[5];
+        if (!PyArray_Check(args[5]) || PyArray_TYPE(flags) != NPY_BOOL || PyArray_NDIM(flags) != 1 ||
+            PyArray_DIM(flags, 0) != count || !PyArray_IS_C_CONTIGUOUS(flags)) {
+            PyErr_SetString(PyExc_TypeError, "pool_adjusted: timed must be pool_lookups' bool column");
+            return NULL;
+        }
+        timed = (const npy_bool *)PyArray_DATA(flags);
+    }
+    npy_intp shape[1] = {count};
+    PyObject *out = PyArray_SimpleNew(1, shape, NPY_FLOAT64);
+    double *scores = count ? PyMem_Malloc((size_t)count * sizeof(double)) : NULL;
+    if (!out || (count && !scores)) {
+        Py_XDECREF(out);
+        PyMem_Free(scores);
+        return PyErr_NoMemory();
+    }
+    double *adjusted = (double *)PyArray_DATA((PyArrayObject *)out);
+    double low = 0, high = 0;
+    for (Py_ssize_t row = 0; row < count; row++) {
+        const double raw = PyFloat_AsDouble(PyList_GetItem(args[0], row));
+        if (raw == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            PyMem_Free(scores);
+            return NULL;
+        }
+        scores[row] = raw;
+        low = row ? np_minimum(low, raw) : raw;
+        high = row ? np_maximum(high, raw) : raw;
+    }
+    const double span = high - low;
+    for (Py_ssize_t row = 0; row < count; row++) {
+        double score = span > 0 ? (scores[row] - low) / span : 1.0;
+        if (keyword) score = score + keyword_weight * keyword[row];
+        scores[row] = score;
+    }
+    for (Py_ssize_t row = 0; row < count; row++) {
+        double value = scores[row];
+        if (before) {
+            const double before_score = before[row] < count ? scores[before[row]] : 0.0;
+            const double after_score = after[row] < count ? scores[after[row]] : 0.0;
+            value += neighbour_weight * np_maximum(np_maximum(before_score, after_score) - scores[row], 0.0);
+        }
+        if (timed) value += temporal_weight * (timed[row] ? 1.0 : 0.0);
+        adjusted[row] = value;
+    }
+    PyMem_Free(scores);
+    return out;
+}
+
+/* numpy's stable argsort of -adjusted: the higher first, NaN last, ties (and NaNs) in pool order */
+static const double *order_keys;
+static int by_score(const void *a, const void *b) {
+    const npy_intp left = *(const npy_intp *)a, right = *(const npy_intp *)b;
+    const double x = -order_keys[left], y = -order_keys[right];
+    const int x_nan = x != x, y_nan = y != y;
+    if (x_nan != y_nan) return x_nan ? 1 : -1;
+    if (!x_nan && x != y) return x < y ? -1 : 1;
+    return left < right ? -1 : 1;
+}
+
+/* top_k(adjusted, k) -> (places, scores): the rows of the best k (lists of int and float), as
+ * order = np.argsort(-adjusted, kind="stable")[:k]; order.tolist(), adjusted[order].tolist(). The GIL is held: the
+ * comparison reads a static. */
+static PyObject *top_k(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "top_k(adjusted, k)");
+        return NULL;
+    }
+    const Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    if (!PyArray_Check(args[0]) || PyArray_NDIM((PyArrayObject *)args[0]) != 1) {
+        PyErr_SetString(PyExc_TypeError, "top_k: adjusted must be a float64 array");
+        return NULL;
+    }
+    const Py_ssize_t count = PyArray_DIM((PyArrayObject *)args[0], 0);
+    const double *adjusted = float64_column(args[0], count, "adjusted");
+    if (!adjusted) return NULL;
+    const Py_ssize_t taken = k < 0 ? 0 : (k < count ? k : count);
+    npy_intp *order = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(npy_intp));
+    if (!order) return PyErr_NoMemory();
+    for (Py_ssize_t row = 0; row < count; row++) order[row] = row;
+    order_keys = adjusted;
+    qsort(order, (size_t)count, sizeof(npy_intp), by_score); /* a total order: the same as any stable sort */
+    PyObject *places = PyList_New(taken), *scores = PyList_New(taken), *result = NULL;
+    if (!places || !scores) goto done;
+    for (Py_ssize_t i = 0; i < taken; i++) {
+        PyObject *place = PyLong_FromSsize_t(order[i]), *score = PyFloat_FromDouble(adjusted[order[i]]);
+        if (!place || !score) {
+            Py_XDECREF(place);
+            Py_XDECREF(score);
+            goto done;
+        }
+        PyList_SetItem(places, i, place); /* steals */
+        PyList_SetItem(scores, i, score);
+    }
+    result = PyTuple_Pack(2, places, scores);
+done:
+    PyMem_Free(order);
+    Py_XDECREF(places);
+    Py_XDECREF(scores);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"pool_lookups", (PyCFunction)(void (*)(void))pool_lookups, METH_FASTCALL,
+     "pool_lookups(features, words) -> (holds, neighbours, timed): the pool's word, neighbour and time lookups"},
+    {"pool_adjusted", (PyCFunction)(void (*)(void))pool_adjusted, METH_FASTCALL,
+     "pool_adjusted(pool_scores, keyword, keyword_weight, neighbours, neighbour_weight, timed, temporal_weight) -> "
+     "the stages' scores"},
+    {"top_k", (PyCFunction)(void (*)(void))top_k, METH_FASTCALL,
+     "top_k(adjusted, k) -> (places, scores): the best k, ties in pool order"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_exec(PyObject *module) {
+    import_array1(-1);
+    /* what the module offers; tiered_recall.coordinator.stages.COMPILED_STAGES_API must match */
+    return PyModule_AddIntConstant(module, "API", 1);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_trstages", "The retrieval stages' per-candidate work (see native/src/stagefast.c).", 0,
+    methods, module_slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__trstages(void) { return PyModuleDef_Init(&module_def); }

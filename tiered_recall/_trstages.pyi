@@ -1,0 +1,39 @@
+"""Type stub for the retrieval stages' compiled loops `tiered_recall._trstages` (native/src/stagefast.c).
+
+`tiered_recall.coordinator.stages.compiled_stages` loads it from where the package keeps its compiled files and uses
+it only when `API` matches `COMPILED_STAGES_API`; `rank_pool` then reads a pool's features and orders it here, with
+the same places and scores, bit for bit, as its Python loops.
+"""
+from __future__ import annotations
+
+
+import numpy as np
+import numpy.typing as npt
+
+API: int
+"""What the module offers (1: pool_lookups, pool_adjusted, top_k); must equal COMPILED_STAGES_API."""
+
+
+def pool_lookups(features: list[tuple], words: tuple[str, ...], /) -> tuple[
+        npt.NDArray[np.bool_], npt.NDArray[np.intp], npt.NDArray[np.bool_]]:
+    """features: TurnFeatures (terms, timed, place, before, after) of each pooled memory; words: the question's.
+
+    Returns holds (len(words), len(features)) bool, C order (whether each memory's terms hold each word; the caller
+    reads its transpose), neighbours (2, len(features)) intp (the pool row of the turn before, then after, each
+    memory: the later row where a place is pooled twice, len(features) where none is) and timed (len(features),)
+    bool. TypeError for anything but a list of such tuples and a tuple of words."""
+
+
+def pool_adjusted(pool_scores: list[float], keyword: npt.NDArray[np.float64] | None, keyword_weight: float,
+                  neighbours: npt.NDArray[np.intp] | None, neighbour_weight: float,
+                  timed: npt.NDArray[np.bool_] | None, temporal_weight: float, /) -> npt.NDArray[np.float64]:
+    """The stages' score of each pooled memory: its pool score scaled to [0, 1] (1 where the scores span nothing),
+    plus keyword_weight * keyword, plus neighbour_weight times how far its better pooled neighbour scores above it,
+    plus temporal_weight where timed; None leaves a stage out. Each operation as numpy orders it."""
+
+
+def top_k(adjusted: npt.NDArray[np.float64], k: int, /) -> tuple[list[int], list[float]]:
+    """The rows of the best k by adjusted (ties and NaNs in pool order, NaNs last) and their scores, as
+    np.argsort(-adjusted, kind="stable")[:k] gives them."""
+
+
