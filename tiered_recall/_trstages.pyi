@@ -16,7 +16,8 @@ API: int
 
 def pool_lookups(features: list[tuple], words: tuple[str, ...], /) -> tuple[
         npt.NDArray[np.bool_], npt.NDArray[np.intp], npt.NDArray[np.bool_]]:
-    """features: TurnFeatures (terms, timed, place, before, after) of each pooled memory; words: the question's.
+    """features: TurnFeatures (terms, timed, place, before, after: the places numbered, ints) of each pooled memory;
+    words: the question's.
 
     Returns holds (len(words), len(features)) bool, C order (whether each memory's terms hold each word; the caller
     reads its transpose), neighbours (2, len(features)) intp (the pool row of the turn before, then after, each

@@ -20,22 +20,39 @@
 /* A TurnFeatures tuple's fields (stages.TurnFeatures: terms, timed, place, before, after). */
 enum { F_TERMS, F_TIMED, F_PLACE, F_BEFORE, F_AFTER, F_COUNT };
 
-static PyObject *feature(PyObject *features, Py_ssize_t row, int field) {
-    PyObject *item = PyList_GetItem(features, row); /* borrowed */
-    if (!item) return NULL;
-    if (!PyTuple_Check(item) || PyTuple_Size(item) < F_COUNT) {
-        PyErr_SetString(PyExc_TypeError, "pool_lookups: features must be TurnFeatures tuples");
-        return NULL;
-    }
-    return PyTuple_GetItem(item, field); /* borrowed */
+/* The rows of the pool by place number: open addressing over a power-of-two table of at least twice the pool. */
+typedef struct {
+    long long *keys;
+    Py_ssize_t *rows; /* -1: empty */
+    size_t mask;
+} place_table;
+
+static size_t place_slot(long long key, size_t mask) {
+    unsigned long long x = (unsigned long long)key + 0x9E3779B97F4A7C15ull; /* splitmix64's finaliser */
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return (size_t)(x ^ (x >> 31)) & mask;
+}
+
+static void place_put(place_table *t, long long key, Py_ssize_t row) {
+    size_t at = place_slot(key, t->mask);
+    while (t->rows[at] >= 0 && t->keys[at] != key) at = (at + 1) & t->mask;
+    t->keys[at] = key;
+    t->rows[at] = row; /* a later row replaces an earlier */
+}
+
+static Py_ssize_t place_get(const place_table *t, long long key, Py_ssize_t missing) {
+    for (size_t at = place_slot(key, t->mask); t->rows[at] >= 0; at = (at + 1) & t->mask)
+        if (t->keys[at] == key) return t->rows[at];
+    return missing;
 }
 
 /* pool_lookups(features, words) -> (holds, neighbours, timed)
  * holds: bool (len(words), len(features)), C order: whether each memory's terms hold a word; the caller takes its
  * transpose, the layout the Python path's matrix product reads (a product over another layout may sum in another
- * order).
- * neighbours: intp (2, len(features)): the pool row of the turn before and of the turn after each memory (the later
- * row where a place is pooled twice), len(features) where it is not pooled. timed: bool (len(features),). */
+ * order). neighbours: intp (2, len(features)): the pool row of the turn before and of the turn after each memory
+ * (place numbers: the later row where a place is pooled twice), len(features) where it is not pooled.
+ * timed: bool (len(features),). */
 static PyObject *pool_lookups(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 2 || !PyList_Check(args[0]) || !PyTuple_Check(args[1])) {
@@ -48,45 +65,56 @@ static PyObject *pool_lookups(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *holds = PyArray_SimpleNew(2, holds_shape, NPY_BOOL);
     PyObject *neighbours = PyArray_SimpleNew(2, neighbours_shape, NPY_INTP);
     PyObject *timed = PyArray_SimpleNew(1, timed_shape, NPY_BOOL);
-    PyObject *seen = PyDict_New();
+    size_t slots = 8;
+    while (slots < 2 * (size_t)count) slots *= 2;
+    place_table table = {PyMem_Malloc(slots * sizeof(long long)), PyMem_Malloc(slots * sizeof(Py_ssize_t)),
+                         slots - 1};
+    long long *sides = PyMem_Malloc(2 * (size_t)(count ? count : 1) * sizeof(long long)); /* before, after */
     PyObject *result = NULL;
-    if (!holds || !neighbours || !timed || !seen) goto done;
+    if (!holds || !neighbours || !timed) goto done;
+    if (!table.keys || !table.rows || !sides) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t at = 0; at < slots; at++) table.rows[at] = -1;
     npy_bool *hold = (npy_bool *)PyArray_DATA((PyArrayObject *)holds);
     npy_intp *before = (npy_intp *)PyArray_DATA((PyArrayObject *)neighbours), *after = before + count;
     npy_bool *is_timed = (npy_bool *)PyArray_DATA((PyArrayObject *)timed);
     for (Py_ssize_t row = 0; row < count; row++) {
-        PyObject *terms = feature(features, row, F_TERMS);
-        PyObject *time_named = terms ? feature(features, row, F_TIMED) : NULL;
-        PyObject *place = time_named ? feature(features, row, F_PLACE) : NULL;
-        if (!place) goto done;
+        PyObject *item = PyList_GetItem(features, row); /* borrowed */
+        if (!PyTuple_Check(item) || PyTuple_Size(item) < F_COUNT) {
+            PyErr_SetString(PyExc_TypeError, "pool_lookups: features must be TurnFeatures tuples");
+            goto done;
+        }
+        PyObject *terms = PyTuple_GetItem(item, F_TERMS);
+        const int frozen = PyFrozenSet_Check(terms);
         for (Py_ssize_t column = 0; column < width; column++) {
-            const int holds_word = PySequence_Contains(terms, PyTuple_GetItem(words, column));
+            PyObject *word = PyTuple_GetItem(words, column);
+            const int holds_word = frozen ? PySet_Contains(terms, word) : PySequence_Contains(terms, word);
             if (holds_word < 0) goto done;
             hold[column * count + row] = (npy_bool)holds_word;
         }
-        const int truth = PyObject_IsTrue(time_named);
+        const int truth = PyObject_IsTrue(PyTuple_GetItem(item, F_TIMED));
         if (truth < 0) goto done;
         is_timed[row] = (npy_bool)truth;
-        PyObject *index = PyLong_FromSsize_t(row);
-        const int stored = index ? PyDict_SetItem(seen, place, index) : -1; /* a later row replaces an earlier */
-        Py_XDECREF(index);
-        if (stored < 0) goto done;
+        const long long place = PyLong_AsLongLong(PyTuple_GetItem(item, F_PLACE));
+        sides[2 * row] = PyLong_AsLongLong(PyTuple_GetItem(item, F_BEFORE));
+        sides[2 * row + 1] = PyLong_AsLongLong(PyTuple_GetItem(item, F_AFTER));
+        if (PyErr_Occurred()) goto done; /* a place that is not an int: TypeError, or OverflowError */
+        place_put(&table, place, row);
     }
     for (Py_ssize_t row = 0; row < count; row++) {
-        for (int side = 0; side < 2; side++) {
-            PyObject *key = feature(features, row, side ? F_AFTER : F_BEFORE);
-            if (!key) goto done;
-            PyObject *found = PyDict_GetItemWithError(seen, key); /* borrowed */
-            if (!found && PyErr_Occurred()) goto done;
-            (side ? after : before)[row] = found ? (npy_intp)PyLong_AsSsize_t(found) : (npy_intp)count;
-        }
+        before[row] = (npy_intp)place_get(&table, sides[2 * row], count);
+        after[row] = (npy_intp)place_get(&table, sides[2 * row + 1], count);
     }
     result = PyTuple_Pack(3, holds, neighbours, timed);
 done:
+    PyMem_Free(table.keys);
+    PyMem_Free(table.rows);
+    PyMem_Free(sides);
     Py_XDECREF(holds);
     Py_XDECREF(neighbours);
     Py_XDECREF(timed);
-    Py_XDECREF(seen);
     return result;
 }
 

@@ -138,15 +138,24 @@ def test_a_turn_whose_conversation_key_cannot_be_hashed_has_no_neighbours() -> N
 def test_the_feature_cache_follows_a_replaced_memory() -> None:
     from types import SimpleNamespace
 
-    from tiered_recall.coordinator.stages import FeatureCache, turn_features
+    from tiered_recall.coordinator.stages import NO_NEIGHBOUR, UNPLACED, FeatureCache
 
-    cache = FeatureCache(limit=2)
+    cache = FeatureCache(limit=3)
     first = SimpleNamespace(id=7, text="a dog in the park", metadata={"turn_index": 3, "conversation_key": "c"})
     [features] = cache.of([first])
-    assert features == turn_features(first.text, first.metadata) and "dog" in features.terms
+    assert "dog" in features.terms and not features.timed
     assert cache.of([first])[0] is features  # the same memory: its features are not worked out again
     replaced = SimpleNamespace(id=7, text="a cat last week", metadata={})
     [features] = cache.of([replaced])  # the store's cache replaced memory 7: its features follow the new one
-    assert features == turn_features(replaced.text, replaced.metadata) and "cat" in features.terms and features.timed
-    others = [SimpleNamespace(id=i, text=f"text {i}", metadata={}) for i in range(3)]
-    assert [f.terms for f in cache.of(others)] == [frozenset({str(i), "text"}) for i in range(3)]  # past the limit
+    assert "cat" in features.terms and features.timed
+    assert (features.place, features.before, features.after) == (UNPLACED, NO_NEIGHBOUR, NO_NEIGHBOUR)
+    turns = [SimpleNamespace(id=i, text=f"text {i}", metadata={"turn_index": i, "conversation_key": "c"})
+             for i in (4, 5)]
+    [fourth, fifth] = cache.of(turns)
+    assert fourth.after == fifth.place and fifth.before == fourth.place and fourth.before != fifth.after
+    others = [SimpleNamespace(id=i, text=f"text {i}", metadata={"turn_index": 0, "conversation_key": "d"})
+              for i in range(3)]
+    again = cache.of(others)  # past the limit: the cache starts again before the call, and numbers places anew
+    assert [f.terms for f in again] == [frozenset({str(i), "text"}) for i in range(3)]
+    assert again[0].place == again[1].place == again[2].place == 0
+    assert cache.of([turns[0]])[0] is not fourth  # not kept across the new start

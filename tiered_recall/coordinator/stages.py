@@ -15,9 +15,10 @@ import importlib.util
 import itertools
 import operator
 import re
+import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
@@ -147,22 +148,24 @@ TERMS_KEPT = 65536
 
 class TurnFeatures(NamedTuple):
     """What the stages read of one memory, worked out once from its text and metadata: the terms of its text, whether
-    it names a time, and its place in its conversation with the places of the turns before and after it."""
+    it names a time, and its place in its conversation with the places of the turns before and after it. A place is
+    a number its FeatureCache gives each (conversation, turn_index) it meets, so that the neighbour stage compares
+    numbers, not tuples; features are compared only with those of the same cache."""
 
     terms: frozenset[str]
     timed: bool
-    place: Hashable  # (conversation, turn_index), or _UNPLACED
-    before: Hashable  # (conversation, turn_index - 1), or _NO_NEIGHBOUR
-    after: Hashable
+    place: int  # the number of (conversation, turn_index), or UNPLACED
+    before: int  # the number of (conversation, turn_index - 1), or NO_NEIGHBOUR
+    after: int
 
 
 # A memory without a usable turn_index (missing, not an int, or a conversation key that cannot be hashed) has no
-# place its neighbours could name: it is looked up under _NO_NEIGHBOUR, which no place equals.
-_UNPLACED, _NO_NEIGHBOUR = object(), object()
+# place its neighbours could name: it is looked up under NO_NEIGHBOUR, which no place is.
+UNPLACED, NO_NEIGHBOUR = -1, -2
 
 
-def turn_features(text: str, metadata: dict) -> TurnFeatures:
-    """A memory's TurnFeatures (its terms and time cue are cached by text)."""
+def turn_features(text: str, metadata: dict, place_number: Callable[[Hashable], int]) -> TurnFeatures:
+    """A memory's TurnFeatures (its terms and time cue are cached by text); place_number numbers its places."""
     turn = metadata.get(TURN_INDEX_KEY)
     if isinstance(turn, int):
         conversation = metadata.get(CONVERSATION_KEY)
@@ -171,40 +174,52 @@ def turn_features(text: str, metadata: dict) -> TurnFeatures:
         except TypeError:  # a list or dict as the conversation key: the turn is read as having no place
             pass
         else:
-            return TurnFeatures(_terms(text), names_a_time(text), (conversation, turn), (conversation, turn - 1),
-                                (conversation, turn + 1))
-    return TurnFeatures(_terms(text), names_a_time(text), _UNPLACED, _NO_NEIGHBOUR, _NO_NEIGHBOUR)
+            return TurnFeatures(_terms(text), names_a_time(text), place_number((conversation, turn)),
+                                place_number((conversation, turn - 1)), place_number((conversation, turn + 1)))
+    return TurnFeatures(_terms(text), names_a_time(text), UNPLACED, NO_NEIGHBOUR, NO_NEIGHBOUR)
 
 
 class FeatureCache:
     """TurnFeatures by memory id, for one store's searches: the same memories are pooled search after search. An
     entry is used only for the very Memory it was made from, so a memory replaced in the store's cache (a new text or
-    metadata) gets new features; past `limit` entries the cache starts again."""
+    metadata) gets new features; past `limit` entries the cache starts again, its place numbers with it (before a
+    call, never during one: one call's features always share their numbering)."""
 
     def __init__(self, limit: int = TERMS_KEPT) -> None:
         self._entries: dict[int, tuple[Any, TurnFeatures]] = {}
+        self._places: dict[Hashable, int] = {}
         self._limit = limit
+        self._lock = threading.Lock()
+
+    def _place_number(self, place: Hashable) -> int:
+        places = self._places
+        number = places.get(place)
+        if number is None:
+            number = places[place] = len(places)
+        return number
 
     def of(self, memories: Sequence[Any]) -> list[TurnFeatures]:
         """The features of each memory (anything with id, text and metadata), in order."""
-        entries = self._entries
-        out = []
-        for memory in memories:
-            entry = entries.get(memory.id)
-            if entry is None or entry[0] is not memory:
-                if len(entries) >= self._limit:
-                    entries.clear()
-                entry = entries[memory.id] = (memory, turn_features(memory.text, memory.metadata))
-            out.append(entry[1])
-        return out
+        with self._lock:
+            entries = self._entries
+            if len(entries) + len(memories) > self._limit:
+                entries.clear()
+                self._places.clear()
+            out = []
+            for memory in memories:
+                entry = entries.get(memory.id)
+                if entry is None or entry[0] is not memory:
+                    entry = entries[memory.id] = (memory, turn_features(memory.text, memory.metadata,
+                                                                        self._place_number))
+                out.append(entry[1])
+            return out
 
 
 def rerank(pool: Sequence[Candidate], query_text: str, k: int, stages: Stages, *,
            compiled: bool = True) -> list[tuple[Candidate, float]]:
     """The best k of the pool under the stages' scoring, with those scores (the pool's scaled to [0, 1] plus what
     the stages add); ties keep the pool's order. compiled: as rank_pool's."""
-    places, scores = rank_pool([candidate.score for candidate in pool],
-                               [turn_features(candidate.text, candidate.metadata) for candidate in pool],
+    places, scores = rank_pool([candidate.score for candidate in pool], FeatureCache(max(len(pool), 1)).of(pool),
                                [candidate.session for candidate in pool], query_text, k, stages, compiled=compiled)
     return [(pool[place], score) for place, score in zip(places, scores)]
 
