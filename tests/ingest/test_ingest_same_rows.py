@@ -1,5 +1,4 @@
-"""Ingest, with its writer thread and with its inline writes (beside an embedder that takes the GIL back at every
-operator), stores exactly what the one-thread pipeline of 040a8e2 stored: the rows (ids, texts,
+"""Ingest with its writer thread stores exactly what the one-thread pipeline of 040a8e2 stored: the rows (ids, texts,
 namespaces, sessions, roles, times, metadata, vectors within float tolerance: kept to 8 decimals) after a first run
 and after a re-run over changed and added turns, against rows_040a8e2.json.gz, which
 `python tests/ingest/test_ingest_same_rows.py OUT` wrote with 040a8e2's tiered_recall on the path."""
@@ -9,11 +8,9 @@ import gzip
 import hashlib
 import json
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tiered_recall.ingest import ingest
 
@@ -33,23 +30,15 @@ class TextHashEmbedder:
     embed_queries = __call__ = embed_passages
 
 
-class GilPerOperatorEmbedder(TextHashEmbedder):
-    """The same vectors, from an embedder that says it takes the GIL back at every operator (as torch does)."""
-
-    gil_per_operator = True
-
-
 class RecordingMemory:
-    """Keeps every row as the last add wrote it, and the threads its adds ran on."""
+    """Keeps every row as the last add wrote it."""
 
-    def __init__(self, embedder) -> None:
-        self.embedder = embedder
+    def __init__(self) -> None:
+        self.embedder = TextHashEmbedder()
         self.rows: dict[int, dict] = {}
-        self.add_threads: set[str] = set()
 
     def add(self, texts, *, vectors=None, namespace, ids=None, session=None, role=None, metadata=None,
             created_at=None):
-        self.add_threads.add(threading.current_thread().name)
         for row, memory_id in enumerate(ids):
             self.rows[memory_id] = {
                 "id": memory_id, "text": texts[row], "namespace": namespace, "session": session[row],
@@ -84,24 +73,21 @@ def _conversations(changed: bool) -> str:
     return "\n".join(json.dumps(line) for line in lines) + "\n"
 
 
-def stored_rows(folder: Path, embedder=None) -> list[list[dict]]:
+def stored_rows(folder: Path) -> list[list[dict]]:
     """The rows after a first ingest and after a re-ingest of the changed file (batches of 64 turns)."""
-    memory = RecordingMemory(embedder or TextHashEmbedder())
+    memory = RecordingMemory()
     snapshots = []
     for changed in (False, True):
         path = folder / "conversations.jsonl"
         path.write_text(_conversations(changed))
         ingest(path, memory=memory, namespace="{conversation}", batch_size=64, progress=False)
         snapshots.append([dict(memory.rows[i]) for i in sorted(memory.rows)])
-    return snapshots, memory.add_threads
+    return snapshots
 
 
-@pytest.mark.parametrize("embedder", [TextHashEmbedder(), GilPerOperatorEmbedder()], ids=["writer-thread", "inline"])
-def test_stored_rows_are_the_one_thread_pipelines(tmp_path: Path, embedder) -> None:
+def test_stored_rows_are_the_one_thread_pipelines(tmp_path: Path) -> None:
     expected = json.loads(gzip.decompress(REFERENCE.read_bytes()))
-    got, threads = stored_rows(tmp_path, embedder)
-    inline = getattr(embedder, "gil_per_operator", False)
-    assert (threads == {threading.current_thread().name}) == inline, threads
+    got = stored_rows(tmp_path)
     assert [len(snapshot) for snapshot in got] == [len(snapshot) for snapshot in expected] == [300, 334]
     for snapshot, reference in zip(got, expected):
         for row, want in zip(snapshot, reference):
@@ -113,4 +99,4 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
-        Path(sys.argv[1]).write_bytes(gzip.compress(json.dumps(stored_rows(Path(folder))[0]).encode(), mtime=0))
+        Path(sys.argv[1]).write_bytes(gzip.compress(json.dumps(stored_rows(Path(folder))).encode(), mtime=0))

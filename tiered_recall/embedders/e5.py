@@ -83,13 +83,6 @@ class E5Embedder:
             raise self._load_error
 
     @property
-    def gil_per_operator(self) -> bool:
-        """Whether a batch's embedding gives up Python's GIL and takes it back at every operator (torch does; an
-        onnxruntime run gives it up once): another thread running Python then delays every operator, so ingest
-        writes inline beside such an embedder instead of in a writer thread."""
-        return self.backend == "torch"
-
-    @property
     def query_path(self) -> str:
         """How one query is embedded: "fused" or "graphs" on a GPU, "cpu" otherwise (waits for the load)."""
         self.wait_loaded()

@@ -403,10 +403,7 @@ class _Run:
 
 class _BatchWriter:
     """Classifies a batch against what is stored (new / changed / unchanged), embeds the rest, and hands their
-    upserts to a writer thread: one batch is written while the next is read and embedded, in order. Beside an
-    embedder that takes the GIL back at every operator (its gil_per_operator: torch), the batch is written inline
-    instead: the writer's Python would hold each of those operators up for its switch interval, which cost more
-    than the overlap saved."""
+    upserts to a writer thread: one batch is written while the next is read and embedded, in order."""
 
     def __init__(self, *, memory: MemorySink, embedder: Any, template: str, context_weight: float | None) -> None:
         self.memory = memory
@@ -418,7 +415,6 @@ class _BatchWriter:
         self._thread: ThreadPoolExecutor | None = None
         self._writing: Future | None = None
         self._writing_ids: set[int] = set()
-        self.inline = bool(getattr(embedder, "gil_per_operator", False))
 
     def write(self, batch: list[_Pending], summary: IngestSummary) -> None:
         summary.batches += 1
@@ -448,9 +444,6 @@ class _BatchWriter:
         vectors = self._embed([item for item, _, _ in to_write])
         summary.embedded += len(to_write)
         self.wait()
-        if self.inline:
-            self._store(to_write, vectors, summary)
-            return
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiered-recall-ingest-write")
         self._writing_ids = {item.id for item, _, _ in to_write}
