@@ -112,6 +112,31 @@ def test_every_query_graph_gives_the_batch_paths_vector(weights) -> None:
     assert torch.cuda.is_available()
 
 
+@pytest.mark.gpu
+def test_a_batch_attends_without_cudnn(weights, monkeypatch) -> None:
+    """A batch's attention runs with cuDNN's backend left out (it builds a plan for every new batch shape), and
+    torch's choice is as it was once the batch is done."""
+    torch = pytest.importorskip("torch")
+    from tiered_recall.embedders.e5_torch import TorchEncoder
+
+    encoder = TorchEncoder(weights, device="cuda")
+    functional = torch.nn.functional
+    attend = functional.scaled_dot_product_attention
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(functional, "scaled_dot_product_attention", recording)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    ids = np.full((3, 9), weights.pad, dtype=np.int64)
+    ids[:, :7] = [weights.bos, 41, 3983, 12, 7, 100, weights.eos]
+    encoder.mean_pooled(ids, (ids != weights.pad).astype(np.int32))
+    assert seen and not any(seen)  # every layer's attention
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 def test_the_fused_encoder_library_missing_names_the_fix(monkeypatch) -> None:
     """Where libtrencoder is not installed, asking for it says what to do (auto takes the graphs instead)."""
     from tiered_recall.embedders import e5_fused

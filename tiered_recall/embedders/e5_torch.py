@@ -244,7 +244,18 @@ class TorchEncoder:
                 m = torch.from_numpy(mask).to(torch.float32)
                 return ((hidden_states.float() * m[..., None]).sum(dim=1) / m.sum(dim=1, keepdim=True)).numpy()
             ids = torch.from_numpy(np.ascontiguousarray(token_ids, dtype=np.int64)).to(self.device, non_blocking=True)
-            return self._pooled(ids).cpu().numpy()
+            with self._batch_attention():
+                return self._pooled(ids).cpu().numpy()
+
+    def _batch_attention(self):
+        """Attention for a batch without cuDNN's: torch may send attention with a padding mask to cuDNN first, which
+        builds an execution plan for every (batch, tokens) it has not seen, on the CPU, tens of milliseconds each.
+        Ingest's batches come in many shapes: on the H100 a call of 512 turns took 150-250 ms the first time its
+        shapes were seen and 22-29 ms when the same batches came again. The memory-efficient kernel takes the mask as
+        it is, with no plan to build. While this runs, torch's attention choice is narrowed for the whole process."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
 
     def _cpu_mask(self, mask: np.ndarray):
         torch = self._torch
