@@ -51,6 +51,18 @@ def test_neighbours_are_within_one_conversation() -> None:
     assert ids(rerank(pool, "q", 4, Stages(neighbour_weight=0.2)))[:3] == [1, 3, 2]
 
 
+def test_a_time_is_named_alike_in_ascii_and_in_any_other_text() -> None:
+    """The ASCII shortcut (lowercased, then a case-sensitive scan) finds what the case-insensitive scan finds."""
+    from tiered_recall.coordinator.stages import _TIME_WORDS, names_a_time
+
+    texts = ["We met LAST WEEK", "last  week", "lastweek", "Last Night was fun", "in 2023!", "x2023", "1999s",
+             "Mondays", "on Monday", "next Year", "this weekend?", "a while AGO", "recently-ish", "2019_", "in 1899",
+             "Sunday", "Café last week", "naïve Tuesday", "ſunday", "\u212aelvin", "TODAY", "tod ay", "10 days ago."]
+    for text in texts:
+        names_a_time.cache_clear()
+        assert names_a_time(text) == (_TIME_WORDS.search(text) is not None), text
+
+
 def test_temporal_cue_only_for_a_question_asking_when() -> None:
     pool = [turn(1, 1.0, 0, text="I love painting"), turn(2, 0.95, 5, text="I went there last week"),
             turn(3, 0.0, 9)]
@@ -121,11 +133,13 @@ def test_a_store_reads_the_words_of_what_it_adds_before_a_search_pools_them(tmp_
     with TieredMemory(tmp_path / "store", preset="fast", device="none") as memory:
         assert memory.preset.stages.keyword_weight
         stages._terms.cache_clear()
+        stages.names_a_time.cache_clear()
         memory.add(texts, namespace="chat")
-        assert stages._terms.cache_info().currsize == len(texts)
-        misses = stages._terms.cache_info().misses
+        assert stages._terms.cache_info().currsize == stages.names_a_time.cache_info().currsize == len(texts)
+        misses = stages._terms.cache_info().misses, stages.names_a_time.cache_info().misses
         hits = memory.search("When did Caroline go to the support group?", namespace="chat", k=5)
-        assert hits and stages._terms.cache_info().misses == misses  # the search tokenized no memory
+        assert hits  # and the search read no memory's text again: no word set and no time cue worked out
+        assert (stages._terms.cache_info().misses, stages.names_a_time.cache_info().misses) == misses
 
 
 def test_a_turn_whose_conversation_key_cannot_be_hashed_has_no_neighbours() -> None:

@@ -30,7 +30,7 @@ from .placement import Placement, publish_totals
 from .presets import PRESET_EMBEDDER, PRESET_OF_EMBEDDER_NAME, Preset, resolve_preset
 from .records import EXPIRES_KEY, TTL_KEY, Hit, Memory, MemoryCache, SearchReport, make_memory, memory_of
 from .search import TieredSearch, query_vector
-from .stages import Stages, prime_terms
+from .stages import Stages, prime_texts
 from .store_folder import COLD_FOLDER, default_store_path, settle_config, settle_read_only, stored_embedder_name
 
 DEFAULT_HOT_CAPACITY = 100_000
@@ -280,8 +280,8 @@ class TieredMemory:
                 self._placement.fold_cold(namespace, id_arr, vecs, created)  # cold-only until the backlog goes
             self._link.note_own_write(bump)
         self._metrics.observe_add(n, time.perf_counter() - started)
-        if self.embedder is not None and self.preset.stages.keyword_weight:
-            prime_terms(text_list)  # after the locks: a text search then never tokenizes a memory this process added
+        if self.embedder is not None and self.preset.stages.reranks:
+            prime_texts(text_list)  # after the locks: a text search then never reads a text this process added
         return [int(i) for i in id_arr]
 
     def delete(self, ids: Sequence[int] | int) -> int:
