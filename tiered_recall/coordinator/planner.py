@@ -4,6 +4,8 @@ says why each is exact): whether to ask the hot tier at all (plan), whether its 
 promotes into the hot tier afterwards (promotion). search.py gathers the evidence and carries the decisions out."""
 from __future__ import annotations
 
+import operator
+
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -130,6 +132,10 @@ def rank(candidates: list[tuple[float, int, str]], found: dict, scoring, now_us:
     """The k best by final score (the store's Scoring applied when it has one), ties by smaller id."""
     if scoring is not None:
         candidates = [(scoring.score(s, found[i], now_us), i, tier) for s, i, tier in candidates if i in found]
+    else:
+        scores = [candidate[0] for candidate in candidates]
+        if all(map(operator.gt, scores, scores[1:])):  # the hot tier's answer alone: already in order, no ties
+            return candidates[:k]
     candidates.sort(key=lambda t: (-t[0], t[1]))
     return candidates[:k]
 
