@@ -39,6 +39,19 @@ def _secrets(s3, *more: str) -> list[str]:
     return [s3.secret_key, s3.access_key, *more]
 
 
+@pytest.mark.parametrize("port, status, expected", [
+    (40113, "", "cannot be reached"), (4030, "", "cannot be reached"), (9000, "status: 403 Forbidden", "refused"),
+    (9000, "Client error with status 401 Unauthorized", "refused"), (14010, "status: 401", "refused")])
+def test_a_status_code_is_read_as_a_word_not_from_the_endpoints_port(port, status, expected) -> None:
+    from tiered_recall.cluster.objectstore import storage_hint
+
+    endpoint = f"http://127.0.0.1:{port}"
+    config = make_config("s3://bucket/probe", dim=8, storage_options={"aws_endpoint": endpoint, "allow_http": "true"})
+    text = (f"Generic S3 error: Error performing PUT {endpoint}/bucket/probe/x in 398ms, after 3 retries, max_retries: "
+            f"3, retry_timeout: 180s - {status or 'HTTP error: error sending request, inner: Http(HttpError { kind: Connect'}")
+    assert expected in storage_hint(text, config)
+
+
 @pytest.mark.parametrize("case", ["wrong secret", "unknown key", "no bucket", "unreachable"])
 def test_refused_or_unreachable_storage_names_the_fix_and_never_a_credential(s3, case, caplog):
     wrong = "WRONG" + s3.secret_key[::-1]

@@ -4,6 +4,7 @@ carry a namespace's rows from one shard to another."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable, TypeVar
 
 import numpy as np
@@ -14,6 +15,10 @@ from .redaction import redact
 
 T = TypeVar("T")
 _DETAIL_CHARS = 400
+# What an object store says when it refuses the credentials: its error codes, or an HTTP status 401 / 403 as a word
+# of its own (not the digits inside a port number).
+_REFUSED_CREDENTIALS = re.compile(r"signaturedoesnotmatch|invalidaccesskeyid|accessdenied|forbidden|invalidtoken|"
+                                  r"expiredtoken|authorization|\b40[13]\b")
 
 
 def lancedb_module():
@@ -28,8 +33,9 @@ def storage_hint(text: str, config: ClusterConfig) -> str:
     lowered = text.lower()
     endpoint = config.storage_options.get("aws_endpoint") or config.storage_options.get("endpoint")
     where = f"the object store at {endpoint}" if endpoint else f"the object store of {config.storage}"
-    if any(word in lowered for word in ("signaturedoesnotmatch", "invalidaccesskeyid", "accessdenied", "forbidden",
-                                        "status: 403", "401", "invalidtoken", "expiredtoken", "authorization")):
+    if endpoint:  # its port or address may hold a status code's digits (127.0.0.1:40113)
+        lowered = lowered.replace(str(endpoint).lower(), "")
+    if _REFUSED_CREDENTIALS.search(lowered):
         return (f"{where} refused the credentials: check the keys (storage options aws_access_key_id / "
                 "aws_secret_access_key, or the AWS_* / GOOGLE_* / AZURE_* environment of every node)")
     if "nosuchbucket" in lowered or "bucket does not exist" in lowered or "specified bucket" in lowered:
