@@ -6,7 +6,6 @@ the same places and scores, bit for bit, as its Python loops.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import numpy.typing as npt
 
@@ -36,5 +35,3 @@ def pool_adjusted(pool_scores: list[float], keyword: npt.NDArray[np.float64] | N
 def top_k(adjusted: npt.NDArray[np.float64], k: int, /) -> tuple[list[int], list[float]]:
     """The rows of the best k by adjusted (ties and NaNs in pool order, NaNs last) and their scores, as
     np.argsort(-adjusted, kind="stable")[:k] gives them."""
-
-

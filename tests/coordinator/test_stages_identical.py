@@ -259,3 +259,13 @@ def test_the_compiled_stages_refuse_what_is_not_theirs() -> None:
     with pytest.raises(TypeError):
         fast.top_k(np.zeros(3, dtype=np.float32), 2)
     assert fast.top_k(np.array([0.1, 0.3, 0.3]), 5) == ([1, 2, 0], [0.3, 0.3, 0.1])
+
+
+def test_a_compiled_module_of_another_build_is_not_used_and_the_warning_names_the_fix() -> None:
+    from tiered_recall.native_files import installed_extension, load_extension
+
+    path = installed_extension("_trstages")
+    if path is None:
+        pytest.skip("the compiled stages are not built here")
+    with pytest.warns(RuntimeWarning, match="another version of the package .* reinstall the package"):
+        assert load_extension(path, "_trstages", 99, "the retrieval stages run in Python") is None

@@ -11,12 +11,10 @@ exact), so the re-ranked answer is the same whichever tier served it (docs/recal
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
 import operator
 import re
 import threading
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 
 from ..errors import InvalidInput
-from ..native_files import installed_extension
+from ..native_files import installed_extension, load_extension
 from ..text_terms import tokenize
 
 TURN_INDEX_KEY = "turn_index"  # metadata that ingest writes: a turn's place in its conversation
@@ -237,8 +235,8 @@ def rank_pool(pool_scores: Sequence[float], features: Sequence[TurnFeatures], se
     if fast is None:
         adjusted = _adjusted(pool_scores, features, query_text, stages)
     else:
-        holds, neighbours, timed = fast.pool_lookups(list(features), _question_words(query_text)
-                                                     if stages.keyword_weight else ())
+        holds, neighbours, timed = fast.pool_lookups(features if isinstance(features, list) else list(features),
+                                                     _question_words(query_text) if stages.keyword_weight else ())
         adjusted = fast.pool_adjusted(
             pool_scores if isinstance(pool_scores, list) else list(pool_scores),
             _keyword_weights(holds.T) if stages.keyword_weight else None, float(stages.keyword_weight),
@@ -280,22 +278,8 @@ def compiled_stages() -> Any:
     compiled files, or None where that build had no Python headers or numpy: rank_pool then runs its Python loops,
     which rank the same."""
     path = installed_extension("_trstages")
-    if path is None:
-        return None
-    spec = importlib.util.spec_from_file_location("tiered_recall._trstages", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except ImportError as exc:  # e.g. built against another numpy than the one installed now
-        warnings.warn(f"{path} could not be loaded ({exc}): the retrieval stages run in Python, about 0.1 ms slower "
-                      "a search; reinstall the package to rebuild it", RuntimeWarning, stacklevel=2)
-        return None
-    if getattr(module, "API", None) != COMPILED_STAGES_API:
-        warnings.warn(f"{path} is from another version of the package (API {getattr(module, 'API', None)}, this one "
-                      f"needs {COMPILED_STAGES_API}): the retrieval stages run in Python; reinstall the package to "
-                      "rebuild it", RuntimeWarning, stacklevel=2)
-        return None
-    return module
+    return None if path is None else load_extension(
+        path, "_trstages", COMPILED_STAGES_API, "the retrieval stages run in Python, about 0.1 ms slower a search")
 
 
 _timed = operator.itemgetter(1)

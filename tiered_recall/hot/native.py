@@ -3,14 +3,11 @@ the search fast path (_trfast)."""
 from __future__ import annotations
 
 import ctypes as C
-import importlib.machinery
-import importlib.util
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
 from ..errors import SidecarUnavailable
-from ..native_files import installed_file
+from ..native_files import installed_extension, installed_file, load_extension
 from . import layout as L
 
 FAST_SEARCH_API = 2  # what HotTier expects of _trfast.FastClient (its API constant): search and close
@@ -76,28 +73,13 @@ def client_library() -> C.CDLL:
 def fast_search_module():
     """The compiled search fast path (native/src/fastsearch.c) from the folder libtrclient came from, or None where
     that build had no Python headers: HotTier then searches through libtrclient by ctypes, with the same results."""
-    directory = _find("libtrclient.so").parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = directory / f"_trfast{suffix}"
-        if not path.exists():
-            continue
-        spec = importlib.util.spec_from_file_location("tiered_recall._trfast", path)
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except ImportError as exc:  # e.g. built against another numpy than the one installed now
-            warnings.warn(f"{path} could not be loaded ({exc}): searches go through ctypes, 1.5-3 us slower each; "
-                          "reinstall the package to rebuild it", RuntimeWarning, stacklevel=2)
-            return None
-        if getattr(module, "API", 1) != FAST_SEARCH_API:
-            warnings.warn(f"{path} is from another version of the package (API {getattr(module, 'API', 1)}, this one "
-                          f"needs {FAST_SEARCH_API}): searches go through ctypes; reinstall the package to rebuild it",
-                          RuntimeWarning, stacklevel=2)
-            return None
-        if module.LAYOUT_VERSION != L.LAYOUT_VERSION:
-            raise SidecarUnavailable(
-                f"{path} speaks layout {module.LAYOUT_VERSION}, the Python package "
-                f"{L.LAYOUT_VERSION}: reinstall the package so both come from one build"
-            )
-        return module
-    return None
+    path = installed_extension("_trfast", [_find("libtrclient.so").parent])
+    if path is None:
+        return None
+    module = load_extension(path, "_trfast", FAST_SEARCH_API, "searches go through ctypes, 1.5-3 us slower each")
+    if module is not None and module.LAYOUT_VERSION != L.LAYOUT_VERSION:
+        raise SidecarUnavailable(
+            f"{path} speaks layout {module.LAYOUT_VERSION}, the Python package "
+            f"{L.LAYOUT_VERSION}: reinstall the package so both come from one build"
+        )
+    return module
