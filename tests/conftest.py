@@ -1,10 +1,12 @@
-"""Shared fixtures: an isolated sidecar per test (own segment name, stopped and removed afterwards), GPU gating."""
+"""Shared fixtures: an isolated sidecar per test (own segment name, stopped and removed afterwards), GPU gating, a
+wall clock a test moves forward."""
 from __future__ import annotations
 
 import os
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -162,3 +164,17 @@ def stop_sidecar_after():
                     os.kill(hot.owner_pid, signal.SIGTERM)
             except Exception:
                 pass  # gone meanwhile: it exits by itself once orphaned
+
+
+@pytest.fixture
+def wall_clock(monkeypatch):
+    """wall_clock(seconds) moves this process's wall clock (time.time_ns, which every expiry reads) forward. A test of
+    times to live then depends on no sleep being long enough on a loaded machine: the clock moves only when it says."""
+    real_time_ns = time.time_ns
+    offset_ns = [0]
+    monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + offset_ns[0])
+
+    def advance(seconds: float) -> None:
+        offset_ns[0] += int(seconds * 1e9)
+
+    return advance

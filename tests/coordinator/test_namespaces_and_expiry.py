@@ -111,18 +111,18 @@ def test_list_namespaces_by_prefix_suffix_depth_and_page(open_memory):
 
 
 @pytest.mark.parametrize("device", ["cpu", "none"])
-def test_an_expired_memory_is_never_returned_and_the_search_stays_exact(open_memory, device):
+def test_an_expired_memory_is_never_returned_and_the_search_stays_exact(open_memory, device, wall_clock):
     memory = open_memory(device=device, ttl_sweep_s=3600.0)  # no timed sweep: the search alone must hold
     rng = np.random.default_rng(3)
     q = unit_rows(rng, 1)[0]
     near = q + 0.05 * unit_rows(rng, 6)  # the best matches, all expiring
     near /= np.linalg.norm(near, axis=1, keepdims=True)
     live = unit_rows(rng, 10)
-    doomed = memory.add([f"soon-{i}" for i in range(6)], vectors=near, namespace="n", ttl=0.5)
+    doomed = memory.add([f"soon-{i}" for i in range(6)], vectors=near, namespace="n", ttl=30.0)
     kept = memory.add([f"kept-{i}" for i in range(10)], vectors=live, namespace="n")
     assert {h.id for h in memory.search(q, k=6, namespace="n")} == set(doomed)
     assert memory.get(doomed[:1])[0].expires_at is not None
-    time.sleep(0.7)
+    wall_clock(31)
     hits = memory.search(q, k=4, namespace="n", explain=True)
     scores = live @ q
     order = np.lexsort((np.array(kept), -scores))[:4]
@@ -137,23 +137,22 @@ def test_an_expired_memory_is_never_returned_and_the_search_stays_exact(open_mem
     assert memory.stats()["expiry"]["deleted"] == 6
 
 
-def test_the_sweep_deletes_in_the_background_and_refresh_keeps_a_memory(open_memory):
+def test_the_sweep_deletes_in_the_background_and_refresh_keeps_a_memory(open_memory, wall_clock):
     memory = open_memory(ttl_sweep_s=0.2)
     x = unit_rows(np.random.default_rng(4), 3)
-    short = memory.add(["short"], vectors=x[0:1], namespace="n", ttl=0.6)[0]
-    refreshed = memory.add(["refreshed"], vectors=x[1:2], namespace="n", ttl=0.6)[0]
+    short = memory.add(["short"], vectors=x[0:1], namespace="n", ttl=60.0)[0]
+    refreshed = memory.add(["refreshed"], vectors=x[1:2], namespace="n", ttl=60.0)[0]
     forever = memory.add(["forever"], vectors=x[2:3], namespace="n")[0]
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline and memory.get([short])[0] is not None:
-        memory.get([refreshed], refresh_ttl=True)  # read, and its time to live starts again
-        time.sleep(0.1)
-    deadline = time.monotonic() + 5.0
+    wall_clock(40)
+    memory.get([refreshed], refresh_ttl=True)  # read, and its time to live starts again: 60 s from here
+    wall_clock(40)  # past the first 60 s, within the refreshed ones
+    deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline and memory.count("n") > 2:
-        memory.get([refreshed], refresh_ttl=True)
-        time.sleep(0.1)
+        time.sleep(0.05)  # the sweep, every 0.2 s, deletes what has expired; nothing reads it meanwhile
     assert memory.count("n") == 2, memory.stats()["expiry"]
+    assert memory.get([short]) == [None]
     assert [m.text for m in memory.get([refreshed, forever])] == ["refreshed", "forever"]
-    assert memory.stats()["expiry"]["deleted"] >= 1
+    assert memory.stats()["expiry"]["deleted"] == 1
     with pytest.raises(InvalidInput, match="ttl"):
         memory.add("x", vectors=x[0], namespace="n", ttl=0)
     with pytest.raises(InvalidInput, match="expiry"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import pytest
 
@@ -147,20 +146,26 @@ def test_the_public_methods_and_namespaces(tmp_path):
         assert [h.key for h in store.search(("users", "alice"), query="cat")] == ["food"]
 
 
-def test_an_item_past_its_time_to_live_is_gone_and_reading_refreshes_it(tmp_path):
+def test_an_item_past_its_time_to_live_is_gone_and_reading_refreshes_it(tmp_path, wall_clock):
     embeddings = DeterministicFakeEmbedding(size=DIMS)
     ttl = {"refresh_on_read": True, "sweep_interval_minutes": 1}
     with TieredRecallStore(tmp_path / "lg", index={"dims": DIMS, "embed": embeddings}, ttl=ttl,
                            device="cpu") as store:
         assert store.supports_ttl
-        store.put(("s",), "brief", {"text": "goes soon"}, ttl=0.6 / 60)  # minutes, as LangGraph counts them
-        store.put(("s",), "kept", {"text": "read often"}, ttl=0.6 / 60)
+        store.put(("s",), "brief", {"text": "goes soon"}, ttl=1)  # minutes, as LangGraph counts them
+        store.put(("s",), "kept", {"text": "read often"}, ttl=1)
         store.put(("s",), "forever", {"text": "never expires"})
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
-            assert store.get(("s",), "kept") is not None  # each read starts its time to live again
-            time.sleep(0.1)
+        wall_clock(40)
+        assert store.get(("s",), "kept") is not None  # a read starts its time to live again: 60 s from here
+        wall_clock(40)
         assert store.get(("s",), "brief") is None
         keys = {h.key for h in store.search(("s",), query="goes soon", limit=10, refresh_ttl=False)}
         assert keys == {"kept", "forever"}
-        assert {h.key for h in store.search(("s",), limit=10)} == {"kept", "forever"}
+        wall_clock(15)
+        assert {h.key for h in store.search(("s",), limit=10)} == {"kept", "forever"}  # refreshes "kept"
+        wall_clock(50)  # past the get's 60 s, within the search's
+        assert store.get(("s",), "kept", refresh_ttl=False) is not None
+        store.search(("s",), query="read often", limit=10, refresh_ttl=False)
+        wall_clock(15)  # past the search's 60 s: the search without refresh left it as it was
+        assert store.get(("s",), "kept") is None
+        assert {h.key for h in store.search(("s",), limit=10)} == {"forever"}
