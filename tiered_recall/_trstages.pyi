@@ -1,8 +1,9 @@
-"""Type stub for the retrieval stages' compiled loops `tiered_recall._trstages` (native/src/stagefast.c).
+"""Type stub for the coordinator's compiled loops `tiered_recall._trstages` (native/src/stagefast.c).
 
 `tiered_recall.coordinator.stages.compiled_stages` loads it from where the package keeps its compiled files and uses
 it only when `API` matches `COMPILED_STAGES_API`; `rank_pool` then reads a pool's features and orders it here, with
-the same places and scores, bit for bit, as its Python loops.
+the same places and scores, bit for bit, as its Python loops, and `HotSet.use` counts a search's uses here, with the
+same counts as its numpy path.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 API: int
-"""What the module offers (1: pool_lookups, pool_adjusted, top_k); must equal COMPILED_STAGES_API."""
+"""What the module offers (2: pool_lookups, pool_adjusted, top_k, count_uses); must equal COMPILED_STAGES_API."""
 
 
 def pool_lookups(features: list[tuple], words: tuple[str, ...], /) -> tuple[
@@ -35,3 +36,11 @@ def pool_adjusted(pool_scores: list[float], keyword: npt.NDArray[np.float64] | N
 def top_k(adjusted: npt.NDArray[np.float64], k: int, /) -> tuple[list[int], list[float]]:
     """The rows of the best k by adjusted (ties and NaNs in pool order, NaNs last) and their scores, as
     np.argsort(-adjusted, kind="stable")[:k] gives them."""
+
+
+def count_uses(slot_of: dict[int, int], ids: list[int], freq: npt.NDArray[np.float64],
+               freq_at: npt.NDArray[np.int64], last_use: npt.NDArray[np.int64], now: int, /) -> None:
+    """HotSet.use without a half-life: each distinct id of ids that slot_of tracks counts one use at tick now
+    (freq[slot] += 1.0, freq_at[slot] = last_use[slot] = now). Returns NotImplemented, having changed nothing, for
+    an id that is not a Python int. TypeError for columns that are not a HotSet's (dtype, length, contiguous,
+    writeable); ValueError for a slot outside them."""

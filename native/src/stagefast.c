@@ -1,4 +1,5 @@
-/* _trstages: the retrieval stages' per-candidate work over a pool (tiered_recall/coordinator/stages.py), compiled.
+/* _trstages: the coordinator's per-search loops, compiled: the retrieval stages' per-candidate work over a pool
+ * (tiered_recall/coordinator/stages.py) and the placement's count of a search's uses (coordinator/placement.py).
  *
  * rank_pool's Python reads each pooled memory's features one by one: a set lookup per question word and memory, a
  * dict of places and two lookups per memory for its neighbours. Those loops, the score arithmetic that IEEE 754 fixes
@@ -273,6 +274,81 @@ done:
     return result;
 }
 
+static int by_slot(const void *a, const void *b) {
+    const Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return (x > y) - (x < y);
+}
+
+static PyArrayObject *use_column(PyObject *array, int type, Py_ssize_t length, const char *name) {
+    PyArrayObject *column = (PyArrayObject *)array;
+    if (!PyArray_Check(array) || PyArray_TYPE(column) != type || PyArray_NDIM(column) != 1 ||
+        (length >= 0 && PyArray_DIM(column, 0) != length) || !PyArray_IS_C_CONTIGUOUS(column) ||
+        !PyArray_ISWRITEABLE(column)) {
+        PyErr_Format(PyExc_TypeError, "count_uses: %s must be a HotSet's writeable column", name);
+        return NULL;
+    }
+    return column;
+}
+
+/* count_uses(slot_of, ids, freq, freq_at, last_use, now) -> None, or NotImplemented (nothing changed) for an id
+ * that is not a Python int (numpy's integers among them: HotSet.use's numpy path takes those).
+ * HotSet.use without a half-life: each distinct id of the list that slot_of (a dict of int to slot) tracks counts
+ * one use at tick now: freq[slot] += 1.0, freq_at[slot] = last_use[slot] = now, as numpy's fancy indexing does it
+ * (an id given twice counts once). */
+static PyObject *count_uses(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "count_uses(slot_of: dict, ids: list, freq, freq_at, last_use, now)");
+        return NULL;
+    }
+    PyArrayObject *freq_column = use_column(args[2], NPY_FLOAT64, -1, "freq");
+    if (!freq_column) return NULL;
+    const Py_ssize_t capacity = PyArray_DIM(freq_column, 0);
+    PyArrayObject *freq_at_column = use_column(args[3], NPY_INT64, capacity, "freq_at");
+    PyArrayObject *last_use_column = freq_at_column ? use_column(args[4], NPY_INT64, capacity, "last_use") : NULL;
+    if (!last_use_column) return NULL;
+    const long long now = PyLong_AsLongLong(args[5]);
+    if (now == -1 && PyErr_Occurred()) return NULL;
+    PyObject *ids = args[1];
+    const Py_ssize_t count = PyList_Size(ids);
+    Py_ssize_t local[64], *slots = count <= 64 ? local : PyMem_Malloc((size_t)count * sizeof(Py_ssize_t));
+    if (!slots) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    Py_ssize_t found = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *id = PyList_GetItem(ids, i); /* borrowed */
+        if (!PyLong_CheckExact(id)) {
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        PyObject *slot = PyDict_GetItemWithError(args[0], id); /* borrowed */
+        if (!slot) {
+            if (PyErr_Occurred()) goto done;
+            continue; /* not tracked */
+        }
+        const Py_ssize_t at = PyLong_AsSsize_t(slot);
+        if (at == -1 && PyErr_Occurred()) goto done;
+        if (at < 0 || at >= capacity) {
+            PyErr_SetString(PyExc_ValueError, "count_uses: a tracked slot is outside the HotSet's columns");
+            goto done;
+        }
+        slots[found++] = at;
+    }
+    qsort(slots, (size_t)found, sizeof(Py_ssize_t), by_slot); /* an id given twice: its slot counts once */
+    double *freq = (double *)PyArray_DATA(freq_column);
+    npy_int64 *freq_at = (npy_int64 *)PyArray_DATA(freq_at_column), *last_use = (npy_int64 *)PyArray_DATA(last_use_column);
+    for (Py_ssize_t i = 0; i < found; i++) {
+        if (i && slots[i] == slots[i - 1]) continue;
+        freq[slots[i]] += 1.0;
+        freq_at[slots[i]] = (npy_int64)now;
+        last_use[slots[i]] = (npy_int64)now;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (slots != local) PyMem_Free(slots);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pool_lookups", (PyCFunction)(void (*)(void))pool_lookups, METH_FASTCALL,
      "pool_lookups(features, words) -> (holds, neighbours, timed): the pool's word, neighbour and time lookups"},
@@ -281,13 +357,15 @@ static PyMethodDef methods[] = {
      "the stages' scores"},
     {"top_k", (PyCFunction)(void (*)(void))top_k, METH_FASTCALL,
      "top_k(adjusted, k) -> (places, scores): the best k, ties in pool order"},
+    {"count_uses", (PyCFunction)(void (*)(void))count_uses, METH_FASTCALL,
+     "count_uses(slot_of, ids, freq, freq_at, last_use, now): HotSet.use without a half-life"},
     {NULL, NULL, 0, NULL},
 };
 
 static int module_exec(PyObject *module) {
     import_array1(-1);
     /* what the module offers; tiered_recall.coordinator.stages.COMPILED_STAGES_API must match */
-    return PyModule_AddIntConstant(module, "API", 1);
+    return PyModule_AddIntConstant(module, "API", 2);
 }
 
 static PyModuleDef_Slot module_slots[] = {
@@ -296,7 +374,7 @@ static PyModuleDef_Slot module_slots[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_trstages", "The retrieval stages' per-candidate work (see native/src/stagefast.c).", 0,
+    PyModuleDef_HEAD_INIT, "_trstages", "The coordinator's per-search loops (see native/src/stagefast.c).", 0,
     methods, module_slots, NULL, NULL, NULL,
 };
 

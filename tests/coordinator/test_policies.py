@@ -233,6 +233,62 @@ def test_hotset_use_counts_each_tracked_id_as_use_slot_does(half_life):
     assert 99 not in many
 
 
+def test_hotset_use_counts_the_same_through_the_compiled_loop_and_numpy():
+    """Without a half-life, use() of a list of ints goes through _trstages.count_uses: over random searches (ids
+    given twice, untracked, numpy integers, generators) with rows put and removed between them, every column is
+    bit for bit what the numpy path leaves."""
+    from tiered_recall.coordinator.stages import compiled_stages
+
+    if compiled_stages() is None:
+        pytest.skip("this build has no _trstages (no Python headers or numpy when it was compiled)")
+    rng = np.random.default_rng(11)
+    compiled, python = HotSet(4, 64), HotSet(4, 64)
+    assert compiled._count_uses is not None
+    python._count_uses = None
+    for now in range(1, 400):
+        if rng.random() < 0.3:
+            row = int(rng.integers(1, 90))
+            if row in compiled and rng.random() < 0.5:
+                compiled.remove(row), python.remove(row)
+            elif row not in compiled and len(compiled) < 64:
+                for hs in (compiled, python):
+                    hs.put(row, "n", np.ones(4, np.float32), created_us=now, now=now)
+        ids = [int(i) for i in rng.integers(1, 100, size=int(rng.integers(0, 80)))]  # past 64: the heap's buffer
+        shape = rng.integers(0, 3)
+        given = ids if shape == 0 else (np.array(ids, dtype=np.int64).tolist() if shape == 1 else
+                                        [np.int64(i) for i in ids])
+        compiled.use(given if rng.random() < 0.8 else iter(given), now)
+        python.use(given, now)
+    assert compiled.slot == python.slot
+    for column in ("freq", "freq_at", "last_use"):
+        assert np.array_equal(getattr(compiled, column), getattr(python, column)), column
+    assert compiled.freq.max() > 5  # the searches did count uses
+
+
+def test_the_compiled_use_count_refuses_what_is_not_a_hotsets():
+    from tiered_recall.coordinator.stages import compiled_stages
+
+    loops = compiled_stages()
+    if loops is None:
+        pytest.skip("this build has no _trstages (no Python headers or numpy when it was compiled)")
+    hs = HotSet(4, 4)
+    hs.put(7, "n", np.ones(4, np.float32), created_us=0, now=1)
+    before = hs.freq.copy()
+    assert loops.count_uses(hs.slot, [7.0], hs.freq, hs.freq_at, hs.last_use, 2) is NotImplemented
+    assert loops.count_uses(hs.slot, [np.int64(7)], hs.freq, hs.freq_at, hs.last_use, 2) is NotImplemented
+    assert np.array_equal(hs.freq, before)
+    with pytest.raises(TypeError, match="freq"):
+        loops.count_uses(hs.slot, [7], hs.freq.astype(np.float32), hs.freq_at, hs.last_use, 2)
+    with pytest.raises(TypeError, match="last_use"):
+        loops.count_uses(hs.slot, [7], hs.freq, hs.freq_at, hs.last_use[:2], 2)
+    with pytest.raises(ValueError, match="outside"):
+        loops.count_uses({7: 4}, [7], hs.freq, hs.freq_at, hs.last_use, 2)
+    with pytest.raises(TypeError):
+        loops.count_uses(hs.slot, (7,), hs.freq, hs.freq_at, hs.last_use, 2)
+    assert loops.count_uses(hs.slot, [7, 7], hs.freq, hs.freq_at, hs.last_use, 2) is None
+    assert (hs.freq[hs.slot[7]], hs.freq_at[hs.slot[7]], hs.last_use[hs.slot[7]]) == (before[hs.slot[7]] + 1.0, 2, 2)
+
+
 # ---- namespace-granular placement ------------------------------------------------------------
 
 def test_namespace_policy_keeps_read_namespaces_whole_and_rule_1_answers_them(open_memory):
