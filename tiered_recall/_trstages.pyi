@@ -2,8 +2,8 @@
 
 `tiered_recall.coordinator.stages.compiled_stages` loads it from where the package keeps its compiled files and uses
 it only when `API` matches `COMPILED_STAGES_API`; `rank_pool` then reads a pool's features and orders it here, with
-the same places and scores, bit for bit, as its Python loops, and `HotSet.use` counts a search's uses here, with the
-same counts as its numpy path.
+the same places and scores, bit for bit, as its Python loops; `HotSet.use` counts a search's uses here, with the same
+counts as its numpy path; and a hot answer's hits are built here, as `records.hit_of` builds them.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 API: int
-"""What the module offers (2: pool_lookups, pool_adjusted, top_k, count_uses); must equal COMPILED_STAGES_API."""
+"""What the module offers (3: pool_lookups, pool_adjusted, top_k, count_uses, hot_hits); must equal
+COMPILED_STAGES_API."""
 
 
 def pool_lookups(features: list[tuple], words: tuple[str, ...], /) -> tuple[
@@ -44,3 +45,11 @@ def count_uses(slot_of: dict[int, int], ids: list[int], freq: npt.NDArray[np.flo
     (freq[slot] += 1.0, freq_at[slot] = last_use[slot] = now). Returns NotImplemented, having changed nothing, for
     an id that is not a Python int. TypeError for columns that are not a HotSet's (dtype, length, contiguous,
     writeable); ValueError for a slot outside them."""
+
+
+def hot_hits(rows: dict[int, object], ids: list[int], scores: list[float], memory_type: type, hit_type: type,
+             new_object: object, tier: str, /) -> list | None:
+    """records.hit_of of each cached memory of ids (rows maps an id to its cached Memory): new_object(hit_type) given
+    a copy of the memory's attribute dict with score and tier set. None, having built nothing, where an id is not
+    cached, is cached as anything but exactly memory_type, or has a time to live, or past 64 ids. TypeError for
+    arguments of other types or scores of another length than ids."""

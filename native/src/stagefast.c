@@ -1,5 +1,6 @@
 /* _trstages: the coordinator's per-search loops, compiled: the retrieval stages' per-candidate work over a pool
- * (tiered_recall/coordinator/stages.py) and the placement's count of a search's uses (coordinator/placement.py).
+ * (tiered_recall/coordinator/stages.py), the placement's count of a search's uses (coordinator/placement.py) and the
+ * hits of a hot answer (coordinator/records.py's hit_of).
  *
  * rank_pool's Python reads each pooled memory's features one by one: a set lookup per question word and memory, a
  * dict of places and two lookups per memory for its neighbours. Those loops, the score arithmetic that IEEE 754 fixes
@@ -349,6 +350,76 @@ done:
     return result;
 }
 
+/* hot_hits(rows, ids, scores, memory_type, hit_type, new_object, tier) -> list of hits, or None
+ * records.hit_of of each cached memory, for a hot answer: rows maps an id to its cached memory; each hit is
+ * new_object(hit_type) (object.__new__, which a frozen dataclass's __init__ does not run) given a copy of its
+ * memory's attribute dict with "score" and "tier" set. None, having built nothing, where an id is not cached, is
+ * cached as anything but exactly memory_type, or its memory has a time to live (expires_at is not None: the caller's
+ * Python path reads the expiry). */
+static PyObject *hot_hits(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 7 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PyType_Check(args[3]) || !PyType_Check(args[4]) || !PyUnicode_Check(args[6]) ||
+        PyList_Size(args[1]) != PyList_Size(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "hot_hits(rows: dict, ids: list, scores: list of the same length, "
+                                         "memory_type: type, hit_type: type, new_object, tier: str)");
+        return NULL;
+    }
+    PyObject *rows = args[0], *ids = args[1], *scores = args[2], *memory_type = args[3];
+    const Py_ssize_t count = PyList_Size(ids);
+    PyObject *dicts[64];
+    if (count > 64) Py_RETURN_NONE; /* the hot tier's k is at most 64 on its fast paths: Python builds the rest */
+    Py_ssize_t taken = 0;
+    PyObject *result = NULL;
+    for (; taken < count; taken++) {
+        PyObject *memory = PyDict_GetItemWithError(rows, PyList_GetItem(ids, taken)); /* borrowed */
+        if (!memory) {
+            if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if ((PyObject *)Py_TYPE(memory) != memory_type) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *fields = PyObject_GetAttrString(memory, "__dict__");
+        if (!fields) goto done;
+        dicts[taken] = fields;
+        if (!PyDict_Check(fields)) {
+            taken++;
+            PyErr_SetString(PyExc_TypeError, "hot_hits: a memory's __dict__ is not a dict");
+            goto done;
+        }
+        PyObject *expires_at = PyDict_GetItemString(fields, "expires_at"); /* borrowed */
+        if (expires_at && expires_at != Py_None) {
+            taken++;
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    PyObject *hits = PyList_New(count);
+    if (!hits) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *copy = PyDict_Copy(dicts[i]);
+        PyObject *hit = copy ? PyObject_CallFunctionObjArgs(args[5], args[4], NULL) : NULL;
+        PyObject *name = hit ? PyUnicode_FromString("__dict__") : NULL;
+        const int ok = name && PyDict_SetItemString(copy, "score", PyList_GetItem(scores, i)) == 0 &&
+                       PyDict_SetItemString(copy, "tier", args[6]) == 0 &&
+                       PyObject_GenericSetAttr(hit, name, copy) == 0;
+        Py_XDECREF(name);
+        Py_XDECREF(copy);
+        if (!ok) {
+            Py_XDECREF(hit);
+            Py_DECREF(hits);
+            goto done;
+        }
+        PyList_SetItem(hits, i, hit); /* steals */
+    }
+    result = hits;
+done:
+    for (Py_ssize_t i = 0; i < taken; i++) Py_DECREF(dicts[i]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pool_lookups", (PyCFunction)(void (*)(void))pool_lookups, METH_FASTCALL,
      "pool_lookups(features, words) -> (holds, neighbours, timed): the pool's word, neighbour and time lookups"},
@@ -359,13 +430,15 @@ static PyMethodDef methods[] = {
      "top_k(adjusted, k) -> (places, scores): the best k, ties in pool order"},
     {"count_uses", (PyCFunction)(void (*)(void))count_uses, METH_FASTCALL,
      "count_uses(slot_of, ids, freq, freq_at, last_use, now): HotSet.use without a half-life"},
+    {"hot_hits", (PyCFunction)(void (*)(void))hot_hits, METH_FASTCALL,
+     "hot_hits(rows, ids, scores, memory_type, hit_type, new_object, tier): a hot answer's hits, or None"},
     {NULL, NULL, 0, NULL},
 };
 
 static int module_exec(PyObject *module) {
     import_array1(-1);
     /* what the module offers; tiered_recall.coordinator.stages.COMPILED_STAGES_API must match */
-    return PyModule_AddIntConstant(module, "API", 2);
+    return PyModule_AddIntConstant(module, "API", 3);
 }
 
 static PyModuleDef_Slot module_slots[] = {

@@ -49,9 +49,18 @@ def filled(memory, rng):
     return x
 
 
-def test_the_one_pass_gives_the_general_paths_hits(open_memory, count_one_pass):
+@pytest.mark.parametrize("hits_built", ["compiled", "python"])
+def test_the_one_pass_gives_the_general_paths_hits(open_memory, count_one_pass, hits_built):
     rng = np.random.default_rng(3)
     memory = open_memory(hot_capacity=4096, ttl_sweep_s=3600.0)
+    built = []
+    if hits_built == "python":
+        memory._search.build_hot_hits = None
+    elif memory._search.build_hot_hits is None:
+        pytest.skip("this build has no _trstages (no Python headers or numpy when it was compiled)")
+    else:
+        compiled = memory._search.build_hot_hits
+        memory._search.build_hot_hits = lambda *args: built.append(compiled(*args)) or built[-1]
     x = filled(memory, rng)
     queries = list(unit_rows(rng, 120)) + [x[0], x[1], x[0] * 3.0]  # ties, a memory with a TTL, a query to normalise
     for q in queries:
@@ -61,9 +70,12 @@ def test_the_one_pass_gives_the_general_paths_hits(open_memory, count_one_pass):
                 general = memory.search(q, k=k, namespace=name, explain=True)  # explain always takes live()
                 assert general.rule == "complete"
                 assert fast == general.hits
+                assert [h.__dict__ for h in fast] == [h.__dict__ for h in general.hits]  # the same fields, no more
                 assert 1002 not in [h.id for h in fast]
     # Every search whose hits hold the expired memory goes to live(), which steps over it; all others take one pass.
     assert count_one_pass["answered"] >= 0.9 * (count_one_pass["answered"] + count_one_pass["declined"])
+    if hits_built == "compiled":  # it built the hits of the one pass, and left those with a time to live to Python
+        assert 0.8 * count_one_pass["answered"] <= sum(h is not None for h in built) < count_one_pass["answered"]
     hits = memory.search(x[0], k=25, namespace="a")
     assert [h.id for h in hits[:21]] == [1] + list(range(101, 121))  # ties by smaller id
     assert {h.tier for h in hits} == {"hot"}
@@ -115,3 +127,32 @@ def test_the_general_path_answers_what_the_one_pass_does_not_take(open_memory, c
     before = dict(count_one_pass)
     assert [h.text for h in scored.search(x[0], k=1, namespace="b")] == ["s"]
     assert count_one_pass["answered"] == before["answered"]  # a Scoring ranks in the general path
+
+
+def test_the_compiled_hits_are_hit_ofs_or_none():
+    """_trstages.hot_hits builds what records.hit_of builds of each cached memory, and builds nothing (None) where a
+    memory is not cached, is not a Memory, or has a time to live."""
+    from tiered_recall.coordinator.records import Hit, Memory, hit_of, to_datetime
+    from tiered_recall.coordinator.stages import compiled_stages
+
+    loops = compiled_stages()
+    if loops is None:
+        pytest.skip("this build has no _trstages (no Python headers or numpy when it was compiled)")
+    at = to_datetime(1_765_000_000_000_000)
+    rows = {i: Memory(i, f"text {i}", "n", "s" if i % 2 else None, "user", at, {"i": i}) for i in range(1, 80)}
+    rows[200] = Memory(200, "expires", "n", None, None, at, {}, to_datetime(1_865_000_000_000_000), 60.0)
+    rows[300] = {"id": 300}
+    new_object = object.__new__
+    ids, scores = [5, 1, 70, 33], [0.9, 0.8, 0.8, -0.25]
+    hits = loops.hot_hits(rows, ids, scores, Memory, Hit, new_object, "hot")
+    expected = [hit_of(rows[i], s, "hot") for i, s in zip(ids, scores)]
+    assert hits == expected and [repr(h) for h in hits] == [repr(h) for h in expected]
+    assert all(type(h) is Hit and h.shard is None for h in hits)
+    assert loops.hot_hits(rows, [], [], Memory, Hit, new_object, "hot") == []
+    for odd in (999, 200, 300):  # not cached, a time to live, not a Memory
+        assert loops.hot_hits(rows, [5, odd], [0.9, 0.1], Memory, Hit, new_object, "hot") is None
+    assert loops.hot_hits(rows, list(range(1, 66)), [0.5] * 65, Memory, Hit, new_object, "hot") is None  # past 64
+    with pytest.raises(TypeError, match="same length"):
+        loops.hot_hits(rows, [5, 1], [0.9], Memory, Hit, new_object, "hot")
+    with pytest.raises(TypeError):
+        loops.hot_hits(rows, (5,), [0.9], Memory, Hit, new_object, "hot")

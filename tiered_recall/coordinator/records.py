@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -249,6 +249,13 @@ class MemoryCache:
             if type(memory) is not Memory:
                 return None
         return found
+
+    def cached_hits(self, ids: list[int], scores: list[float], tier: str, build: Callable) -> list[Hit] | None:
+        """The hits of ids with their scores when every one is cached as a Memory with no time to live, else None
+        (cached() then, and the caller reads the expiry): built by build (the compiled hot_hits), under the cache's
+        lock, as hit_of builds each."""
+        with self._lock:
+            return build(self._rows, ids, scores, Memory, Hit, _new_object, tier)
 
     def warm(self, batch: int = 5000, stop=lambda: False) -> int:
         """Reads the newest rows' texts and metadata (up to the cache's limit) from the cold tier in batches, so

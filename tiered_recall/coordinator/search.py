@@ -15,7 +15,7 @@ from ..namespaces import namespace_hash, under_prefix
 from . import planner as P
 from . import validate as check
 from .records import Hit, Memory, PathStats, hit_of
-from .stages import FeatureCache, Stages, fused_pool, rank_pool
+from .stages import FeatureCache, Stages, compiled_stages, fused_pool, rank_pool
 
 # A prefix search over at most this many namespaces searches each (hot tier and skip rules included) and merges the
 # answers; over more it is one cold-tier search filtered to the namespaces (docs/frameworks.md gives the figures).
@@ -75,6 +75,8 @@ class TieredSearch:
         self.dim = memory.dim
         self.paths, self.rule_seconds = PathStats(), PathStats()  # per search path, and per deciding rule
         self.features = FeatureCache()  # what the retrieval stages read of each pooled memory
+        loops = compiled_stages()
+        self.build_hot_hits = None if loops is None else loops.hot_hits  # else hit_of of each, in Python
 
     # ---- the whole search -----------------------------------------------------------------------
     def live(self, q: np.ndarray, text: str | None, k: int, namespace: str | None, prefix: str | None,
@@ -173,20 +175,22 @@ class TieredSearch:
             n = res.hits
             ids = res.ids[0, :n].tolist()
             scores = res.scores[0, :n].tolist()
-            memories = self.cache.cached(ids)
-            if memories is None:
-                return None
-            now_us = time.time_ns() // 1000
-            if any(m.expired(now_us) for m in memories):
-                return None  # live() steps over it
             if any(scores[i] <= scores[i + 1] for i in range(n - 1)):  # a tie: the smaller id first, as rank()
                 order = sorted(range(n), key=lambda j: (-scores[j], ids[j]))
-                ids, scores, memories = [ids[j] for j in order], [scores[j] for j in order], \
-                    [memories[j] for j in order]
+                ids, scores = [ids[j] for j in order], [scores[j] for j in order]
+            build = self.build_hot_hits
+            hits = None if build is None else self.cache.cached_hits(ids, scores, "hot", build)
+            if hits is None:  # a memory not cached, or one with a time to live: read here
+                memories = self.cache.cached(ids)
+                if memories is None:
+                    return None
+                now_us = time.time_ns() // 1000
+                if any(m.expired(now_us) for m in memories):
+                    return None  # live() steps over it
+                hits = [hit_of(m, s, "hot") for m, s in zip(memories, scores)]
             self._count_search(namespace)
             hot.note_work()
             self.placement.use(ids)
-        hits = [hit_of(m, s, "hot") for m, s in zip(memories, scores)]
         self._record("hot", "complete", time.perf_counter() - started)
         return hits
 
