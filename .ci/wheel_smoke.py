@@ -71,6 +71,8 @@ def main() -> int:
             # f16 rows on CUDA may swap a near tie at the k-th place; float32 on the CPU agrees exactly
             assert len(got & expected) >= (k if args.device == "cpu" else k - 1), f"search disagrees with numpy: {sorted(got ^ expected)}"
             assert all(hit.tier == "hot" for hit in report), [hit.tier for hit in report]
+            one_pass = memory.search(q, k=k, namespace="smoke")  # the hot answer's one pass, its hits built in C
+            assert one_pass == report.hits and [h.__dict__ for h in one_pass] == [h.__dict__ for h in report.hits]
         stats = memory.stats()
     assert stats["hot_backend"] == args.device, f"the hot tier is served by {stats['hot_backend']!r}"
     print(json.dumps({

@@ -48,8 +48,8 @@ def count_uses(slot_of: dict[int, int], ids: list[int], freq: npt.NDArray[np.flo
 
 
 def hot_hits(rows: dict[int, object], ids: list[int], scores: list[float], memory_type: type, hit_type: type,
-             new_object: object, tier: str, /) -> list | None:
-    """records.hit_of of each cached memory of ids (rows maps an id to its cached Memory): new_object(hit_type) given
-    a copy of the memory's attribute dict with score and tier set. None, having built nothing, where an id is not
+             tier: str, /) -> list | None:
+    """records.hit_of of each cached memory of ids (rows maps an id to its cached Memory): a hit_type allocated as
+    object.__new__ allocates it, given a copy of the memory's attribute dict with score and tier set. None, having built nothing, where an id is not
     cached, is cached as anything but exactly memory_type, or has a time to live, or past 64 ids. TypeError for
     arguments of other types or scores of another length than ids."""

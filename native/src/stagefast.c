@@ -1,6 +1,6 @@
 /* _trstages: the coordinator's per-search loops, compiled: the retrieval stages' per-candidate work over a pool
- * (tiered_recall/coordinator/stages.py), the placement's count of a search's uses (coordinator/placement.py) and the
- * hits of a hot answer (coordinator/records.py's hit_of).
+ * (tiered_recall/coordinator/stages.py), the placement's count of a search's uses (coordinator/placement.py), the
+ * hits of a hot answer (coordinator/records.py's hit_of) and the query's unit vector (coordinator/validate.py).
  *
  * rank_pool's Python reads each pooled memory's features one by one: a set lookup per question word and memory, a
  * dict of places and two lookups per memory for its neighbours. Those loops, the score arithmetic that IEEE 754 fixes
@@ -350,22 +350,63 @@ done:
     return result;
 }
 
-/* hot_hits(rows, ids, scores, memory_type, hit_type, new_object, tier) -> list of hits, or None
- * records.hit_of of each cached memory, for a hot answer: rows maps an id to its cached memory; each hit is
- * new_object(hit_type) (object.__new__, which a frozen dataclass's __init__ does not run) given a copy of its
- * memory's attribute dict with "score" and "tier" set. None, having built nothing, where an id is not cached, is
- * cached as anything but exactly memory_type, or its memory has a time to live (expires_at is not None: the caller's
- * Python path reads the expiry). */
-static PyObject *hot_hits(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+/* scaled_to_unit(vector) -> float32 array, or None
+ * validate.scaled_to_unit: a 1-D float32 vector (any stride) divided by its length, the length's square summed in
+ * float64 over eight running sums in a fixed order, the division in float32 by the length rounded to float32. None
+ * where the length is not within (1e-30, 1e30): zero, NaN, infinite, or far outside float32's comfortable range (a
+ * square of float32 values neither overflows nor underflows in float64). Every search that normalises a query goes
+ * through this one function, so the hot answer's one pass and the general path read the same unit vector. */
+static PyObject *scaled_to_unit(PyObject *module, PyObject *vector) {
     (void)module;
-    if (nargs != 7 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
-        !PyType_Check(args[3]) || !PyType_Check(args[4]) || !PyUnicode_Check(args[6]) ||
-        PyList_Size(args[1]) != PyList_Size(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "hot_hits(rows: dict, ids: list, scores: list of the same length, "
-                                         "memory_type: type, hit_type: type, new_object, tier: str)");
+    PyArrayObject *array = (PyArrayObject *)vector;
+    if (!PyArray_Check(vector) || PyArray_TYPE(array) != NPY_FLOAT32 || PyArray_NDIM(array) != 1) {
+        PyErr_SetString(PyExc_TypeError, "scaled_to_unit: the vector must be a 1-D float32 array");
         return NULL;
     }
-    PyObject *rows = args[0], *ids = args[1], *scores = args[2], *memory_type = args[3];
+    const npy_intp count = PyArray_DIM(array, 0), stride = PyArray_STRIDE(array, 0);
+    const char *data = (const char *)PyArray_DATA(array);
+    double sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (npy_intp i = 0; i < count; i++) {
+        const double value = *(const float *)(data + i * stride);
+        sums[i & 7] += value * value;
+    }
+    const double square = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+    const double norm = sqrt(square);
+    if (!(norm > 1e-30 && norm < 1e30)) Py_RETURN_NONE;
+    npy_intp shape[1] = {count};
+    PyObject *out = PyArray_SimpleNew(1, shape, NPY_FLOAT32);
+    if (!out) return NULL;
+    float *unit = (float *)PyArray_DATA((PyArrayObject *)out);
+    const float length = (float)norm;
+    for (npy_intp i = 0; i < count; i++) unit[i] = *(const float *)(data + i * stride) / length;
+    return out;
+}
+
+/* The attribute and key names hot_hits reads and sets, interned once when the module loads. */
+static PyObject *name_dict, *name_expires_at, *name_score, *name_tier;
+
+/* hot_hits(rows, ids, scores, memory_type, hit_type, tier) -> list of hits, or None
+ * records.hit_of of each cached memory, for a hot answer: rows maps an id to its cached memory; each hit is a
+ * hit_type allocated as object.__new__ allocates it (a frozen dataclass's __init__ does not run) and given a copy of
+ * its memory's attribute dict with "score" and "tier" set. None, having built nothing, where an id is not cached, is
+ * cached as anything but exactly memory_type, or its memory has a time to live (expires_at is not None: the caller's
+ * Python path reads the expiry), or past 64 ids. */
+static PyObject *hot_hits(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PyType_Check(args[3]) || !PyType_Check(args[4]) || !PyUnicode_Check(args[5]) ||
+        PyList_Size(args[1]) != PyList_Size(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "hot_hits(rows: dict, ids: list, scores: list of the same length, "
+                                         "memory_type: type, hit_type: type, tier: str)");
+        return NULL;
+    }
+    PyObject *rows = args[0], *ids = args[1], *scores = args[2], *memory_type = args[3], *tier = args[5];
+    PyTypeObject *hit_type = (PyTypeObject *)args[4];
+    allocfunc allocate = (allocfunc)PyType_GetSlot(hit_type, Py_tp_alloc);
+    if (!allocate) {
+        if (PyErr_Occurred()) return NULL;
+        allocate = PyType_GenericAlloc;
+    }
     const Py_ssize_t count = PyList_Size(ids);
     PyObject *dicts[64];
     if (count > 64) Py_RETURN_NONE; /* the hot tier's k is at most 64 on its fast paths: Python builds the rest */
@@ -381,7 +422,7 @@ static PyObject *hot_hits(PyObject *module, PyObject *const *args, Py_ssize_t na
             result = Py_NewRef(Py_None);
             goto done;
         }
-        PyObject *fields = PyObject_GetAttrString(memory, "__dict__");
+        PyObject *fields = PyObject_GetAttr(memory, name_dict);
         if (!fields) goto done;
         dicts[taken] = fields;
         if (!PyDict_Check(fields)) {
@@ -389,7 +430,11 @@ static PyObject *hot_hits(PyObject *module, PyObject *const *args, Py_ssize_t na
             PyErr_SetString(PyExc_TypeError, "hot_hits: a memory's __dict__ is not a dict");
             goto done;
         }
-        PyObject *expires_at = PyDict_GetItemString(fields, "expires_at"); /* borrowed */
+        PyObject *expires_at = PyDict_GetItemWithError(fields, name_expires_at); /* borrowed */
+        if (!expires_at && PyErr_Occurred()) {
+            taken++;
+            goto done;
+        }
         if (expires_at && expires_at != Py_None) {
             taken++;
             result = Py_NewRef(Py_None);
@@ -400,12 +445,10 @@ static PyObject *hot_hits(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (!hits) goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *copy = PyDict_Copy(dicts[i]);
-        PyObject *hit = copy ? PyObject_CallFunctionObjArgs(args[5], args[4], NULL) : NULL;
-        PyObject *name = hit ? PyUnicode_FromString("__dict__") : NULL;
-        const int ok = name && PyDict_SetItemString(copy, "score", PyList_GetItem(scores, i)) == 0 &&
-                       PyDict_SetItemString(copy, "tier", args[6]) == 0 &&
-                       PyObject_GenericSetAttr(hit, name, copy) == 0;
-        Py_XDECREF(name);
+        PyObject *hit = copy ? allocate(hit_type, 0) : NULL;
+        const int ok = hit && PyDict_SetItem(copy, name_score, PyList_GetItem(scores, i)) == 0 &&
+                       PyDict_SetItem(copy, name_tier, tier) == 0 &&
+                       PyObject_GenericSetAttr(hit, name_dict, copy) == 0;
         Py_XDECREF(copy);
         if (!ok) {
             Py_XDECREF(hit);
@@ -431,14 +474,22 @@ static PyMethodDef methods[] = {
     {"count_uses", (PyCFunction)(void (*)(void))count_uses, METH_FASTCALL,
      "count_uses(slot_of, ids, freq, freq_at, last_use, now): HotSet.use without a half-life"},
     {"hot_hits", (PyCFunction)(void (*)(void))hot_hits, METH_FASTCALL,
-     "hot_hits(rows, ids, scores, memory_type, hit_type, new_object, tier): a hot answer's hits, or None"},
+     "hot_hits(rows, ids, scores, memory_type, hit_type, tier): a hot answer's hits, or None"},
+    {"scaled_to_unit", scaled_to_unit, METH_O, "scaled_to_unit(vector): the float32 unit vector, or None"},
     {NULL, NULL, 0, NULL},
 };
 
 static int module_exec(PyObject *module) {
     import_array1(-1);
+    if (!name_dict) {
+        name_dict = PyUnicode_InternFromString("__dict__");
+        name_expires_at = PyUnicode_InternFromString("expires_at");
+        name_score = PyUnicode_InternFromString("score");
+        name_tier = PyUnicode_InternFromString("tier");
+        if (!name_dict || !name_expires_at || !name_score || !name_tier) return -1;
+    }
     /* what the module offers; tiered_recall.coordinator.stages.COMPILED_STAGES_API must match */
-    return PyModule_AddIntConstant(module, "API", 3);
+    return PyModule_AddIntConstant(module, "API", 4);
 }
 
 static PyModuleDef_Slot module_slots[] = {

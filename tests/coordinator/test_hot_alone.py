@@ -142,17 +142,53 @@ def test_the_compiled_hits_are_hit_ofs_or_none():
     rows = {i: Memory(i, f"text {i}", "n", "s" if i % 2 else None, "user", at, {"i": i}) for i in range(1, 80)}
     rows[200] = Memory(200, "expires", "n", None, None, at, {}, to_datetime(1_865_000_000_000_000), 60.0)
     rows[300] = {"id": 300}
-    new_object = object.__new__
     ids, scores = [5, 1, 70, 33], [0.9, 0.8, 0.8, -0.25]
-    hits = loops.hot_hits(rows, ids, scores, Memory, Hit, new_object, "hot")
+    hits = loops.hot_hits(rows, ids, scores, Memory, Hit, "hot")
     expected = [hit_of(rows[i], s, "hot") for i, s in zip(ids, scores)]
     assert hits == expected and [repr(h) for h in hits] == [repr(h) for h in expected]
     assert all(type(h) is Hit and h.shard is None for h in hits)
-    assert loops.hot_hits(rows, [], [], Memory, Hit, new_object, "hot") == []
+    assert loops.hot_hits(rows, [], [], Memory, Hit, "hot") == []
     for odd in (999, 200, 300):  # not cached, a time to live, not a Memory
-        assert loops.hot_hits(rows, [5, odd], [0.9, 0.1], Memory, Hit, new_object, "hot") is None
-    assert loops.hot_hits(rows, list(range(1, 66)), [0.5] * 65, Memory, Hit, new_object, "hot") is None  # past 64
+        assert loops.hot_hits(rows, [5, odd], [0.9, 0.1], Memory, Hit, "hot") is None
+    assert loops.hot_hits(rows, list(range(1, 66)), [0.5] * 65, Memory, Hit, "hot") is None  # past 64
     with pytest.raises(TypeError, match="same length"):
-        loops.hot_hits(rows, [5, 1], [0.9], Memory, Hit, new_object, "hot")
+        loops.hot_hits(rows, [5, 1], [0.9], Memory, Hit, "hot")
     with pytest.raises(TypeError):
-        loops.hot_hits(rows, (5,), [0.9], Memory, Hit, new_object, "hot")
+        loops.hot_hits(rows, (5,), [0.9], Memory, Hit, "hot")
+
+
+def test_the_compiled_scaling_gives_numpys_unit_vector_to_the_last_bit_of_the_length():
+    """_trstages.scaled_to_unit, which every search that normalises a query calls: numpy's unit vector but for the
+    last bit of the length (it sums the squares in another order), None where numpy's is None, any stride."""
+    import math
+
+    from tiered_recall.coordinator.stages import compiled_stages
+
+    loops = compiled_stages()
+    if loops is None:
+        pytest.skip("this build has no _trstages (no Python headers or numpy when it was compiled)")
+
+    def numpys(arr):
+        wide = arr.astype(np.float64)
+        norm = math.sqrt(float(np.dot(wide, wide)))
+        return arr / np.float32(norm) if 1e-30 < norm < 1e30 else None
+
+    rng = np.random.default_rng(12)
+    same = 0
+    for n in (1, 7, 8, 9, 384, 768, 1000):
+        for scale in (1e-20, 1e-3, 1.0, 7.0, 1e20):
+            arr = (rng.standard_normal(n) * scale).astype(np.float32)
+            got, expected = loops.scaled_to_unit(arr), numpys(arr)
+            assert got.dtype == np.float32 and got.shape == (n,)
+            np.testing.assert_array_max_ulp(got, expected, maxulp=1)
+            same += np.array_equal(got, expected)
+            wide = np.zeros(2 * n, np.float32)
+            wide[::2] = arr
+            assert np.array_equal(loops.scaled_to_unit(wide[::2]), got)  # a strided view reads the same values
+    assert same >= 25  # most lengths round the same way
+    for odd in (np.zeros(8, np.float32), np.full(8, np.nan, np.float32), np.array([1, np.inf], np.float32),
+                np.full(4, 1e-36, np.float32), np.full(4, 3e38, np.float32), np.zeros(0, np.float32)):
+        assert loops.scaled_to_unit(odd) is None and numpys(odd) is None
+    for wrong in (np.ones(4, np.float64), np.ones((2, 2), np.float32), [1.0, 2.0]):
+        with pytest.raises(TypeError, match="1-D float32"):
+            loops.scaled_to_unit(wrong)

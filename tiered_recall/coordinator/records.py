@@ -255,7 +255,7 @@ class MemoryCache:
         (cached() then, and the caller reads the expiry): built by build (the compiled hot_hits), under the cache's
         lock, as hit_of builds each."""
         with self._lock:
-            return build(self._rows, ids, scores, Memory, Hit, _new_object, tier)
+            return build(self._rows, ids, scores, Memory, Hit, tier)
 
     def warm(self, batch: int = 5000, stop=lambda: False) -> int:
         """Reads the newest rows' texts and metadata (up to the cache's limit) from the cold tier in batches, so

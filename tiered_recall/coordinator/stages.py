@@ -34,7 +34,7 @@ RRF_C = 60.0  # reciprocal-rank fusion's constant, as the cold tier's hybrid sea
 # per-query kernel there, several times slower.
 RRF_DEPTH = 64
 DEPTH_MAX = 1000
-COMPILED_STAGES_API = 3  # what rank_pool, HotSet.use and a hot answer expect of _trstages (its API constant)
+COMPILED_STAGES_API = 4  # what the coordinator expects of _trstages (its API constant)
 POOL_MAX = 1000
 # A question asking for a time, and a turn that carries one (relative days, weekdays, months, years).
 _TEMPORAL_QUESTION = re.compile(r"\b(when|what (year|month|date|day|time)|how long|which (year|month|day))\b", re.I)
@@ -275,8 +275,9 @@ def _adjusted(pool_scores: Sequence[float], features: Sequence[TurnFeatures], qu
 @functools.lru_cache(maxsize=1)
 def compiled_stages() -> Any:
     """The coordinator's compiled loops (native/src/stagefast.c, the module _trstages) from where the package keeps
-    its compiled files, or None where that build had no Python headers or numpy: rank_pool, HotSet.use and a hot
-    answer's hits then run their Python loops, which give the same rankings, counts and hits."""
+    its compiled files, or None where that build had no Python headers or numpy: rank_pool, HotSet.use, a hot
+    answer's hits and the query's scaling then run in Python, with the same rankings, counts and hits, and unit
+    vectors that differ at most in the last bit of the length."""
     path = installed_extension("_trstages")
     return None if path is None else load_extension(
         path, "_trstages", COMPILED_STAGES_API, "the retrieval stages run in Python, about 0.1 ms slower a search")

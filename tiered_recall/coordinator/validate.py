@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import InvalidInput
 from ..namespaces import namespace_name
 from ..sync import encode_metadata
+from .stages import compiled_stages
 
 MAX_DIM = 8192  # the sidecar's limit (layout.h TR_MAX_DIM)
 MAX_K = 256
@@ -185,6 +186,9 @@ def scaled_to_unit(arr: np.ndarray) -> np.ndarray | None:
     comfortable range (unit_query then says what is wrong, or divides in float64). One float64 dot product checks it:
     the square of float32 values neither overflows nor underflows in float64, so it is finite and positive exactly
     when every value is finite and one is not zero."""
+    loops = compiled_stages()
+    if loops is not None:
+        return loops.scaled_to_unit(arr)  # the same checks, a fixed order of summing, without four numpy calls
     wide = arr.astype(np.float64)
     norm = math.sqrt(float(np.dot(wide, wide)))
     if 1e-30 < norm < 1e30:
