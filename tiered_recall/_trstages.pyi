@@ -3,7 +3,8 @@
 `tiered_recall.coordinator.stages.compiled_stages` loads it from where the package keeps its compiled files and uses
 it only when `API` matches `COMPILED_STAGES_API`; `rank_pool` then reads a pool's features and orders it here, with
 the same places and scores, bit for bit, as its Python loops; `HotSet.use` counts a search's uses here, with the same
-counts as its numpy path; and a hot answer's hits are built here, as `records.hit_of` builds them.
+counts as its numpy path; a hot answer's hits are built here, as `records.hit_of` builds them; and
+`validate.scaled_to_unit` scales every query here.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 API: int
-"""What the module offers (3: pool_lookups, pool_adjusted, top_k, count_uses, hot_hits); must equal
+"""What the module offers (4: pool_lookups, pool_adjusted, top_k, count_uses, hot_hits, scaled_to_unit); must equal
 COMPILED_STAGES_API."""
 
 
@@ -53,3 +54,9 @@ def hot_hits(rows: dict[int, object], ids: list[int], scores: list[float], memor
     object.__new__ allocates it, given a copy of the memory's attribute dict with score and tier set. None, having built nothing, where an id is not
     cached, is cached as anything but exactly memory_type, or has a time to live, or past 64 ids. TypeError for
     arguments of other types or scores of another length than ids."""
+
+
+def scaled_to_unit(vector: npt.NDArray[np.float32], /) -> npt.NDArray[np.float32] | None:
+    """A 1-D float32 vector (any stride) divided by its length: the squares summed in float64 over eight running sums
+    in a fixed order, the division in float32. None where the length is zero, NaN, infinite or outside (1e-30,
+    1e30). TypeError for anything but a 1-D float32 array."""
