@@ -170,7 +170,7 @@ def test_no_credential_is_ever_printed_or_logged_and_writes_fail_loudly_while_st
     finally:
         s3.start()
     message = str(away.value)
-    assert "not acknowledged" in message and "cannot be reached" in message and s3.endpoint in message
+    assert "not acknowledged" in message and "cannot be reached" in message and s3.endpoint in message, message
     vectors = rng.standard_normal((1, DIM)).astype(np.float32)
     model.put("c2", memory.add(["after it came back"], vectors=vectors, namespace="c2"), vectors)  # recovered
     assert all(found is not None for found in memory.get(sorted(model.rows)))  # nothing acknowledged was lost

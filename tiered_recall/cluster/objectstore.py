@@ -15,10 +15,11 @@ from .redaction import redact
 
 T = TypeVar("T")
 _DETAIL_CHARS = 400
-# What an object store says when it refuses the credentials: its error codes, or an HTTP status 401 / 403 as a word
-# of its own (not the digits inside a port number).
-_REFUSED_CREDENTIALS = re.compile(r"signaturedoesnotmatch|invalidaccesskeyid|accessdenied|forbidden|invalidtoken|"
-                                  r"expiredtoken|authorization|\b40[13]\b")
+# What an object store says when it refuses the credentials: its error codes, or an HTTP status 401 / 403 named as a
+# status (never the digits of a port number, or of a time such as "in 403.8ms" in an unreachable store's retries).
+_REFUSED_CREDENTIALS = re.compile(r"signaturedoesnotmatch|invalidaccesskeyid|accessdenied|forbidden|unauthorized|"
+                                  r"invalidtoken|expiredtoken|authorization|"
+                                  r"\b(?:status|statuscode|http)\W{0,3}40[13](?![\d.])")
 
 
 def lancedb_module():
