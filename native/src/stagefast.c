@@ -124,14 +124,18 @@ done:
 static double np_maximum(double a, double b) { return (a >= b || a != a) ? a : b; }
 static double np_minimum(double a, double b) { return (a <= b || a != a) ? a : b; }
 
-static const double *float64_column(PyObject *array, Py_ssize_t count, const char *name) {
-    if (!PyArray_Check(array) || PyArray_TYPE((PyArrayObject *)array) != NPY_FLOAT64 ||
-        PyArray_NDIM((PyArrayObject *)array) != 1 || PyArray_DIM((PyArrayObject *)array, 0) != count ||
-        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)array)) {
-        PyErr_Format(PyExc_TypeError, "pool_adjusted: %s must be a contiguous float64 array of the pool's length", name);
+/* The data of a C-contiguous 1-D numpy array of dtype type, of length elements (any length where length < 0) and
+ * writeable where asked; else NULL with the TypeError "function: name must be what". */
+static void *column_data(PyObject *array, int type, Py_ssize_t length, int writeable, const char *function,
+                         const char *name, const char *what) {
+    PyArrayObject *column = (PyArrayObject *)array;
+    if (!PyArray_Check(array) || PyArray_TYPE(column) != type || PyArray_NDIM(column) != 1 ||
+        (length >= 0 && PyArray_DIM(column, 0) != length) || !PyArray_IS_C_CONTIGUOUS(column) ||
+        (writeable && !PyArray_ISWRITEABLE(column))) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be %s", function, name, what);
         return NULL;
     }
-    return (const double *)PyArray_DATA((PyArrayObject *)array);
+    return PyArray_DATA(column);
 }
 
 /* pool_adjusted(pool_scores, keyword, keyword_weight, neighbours, neighbour_weight, timed, temporal_weight)
@@ -152,7 +156,9 @@ static PyObject *pool_adjusted(PyObject *module, PyObject *const *args, Py_ssize
                  temporal_weight = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred()) return NULL;
     const double *keyword = NULL;
-    if (args[1] != Py_None && !(keyword = float64_column(args[1], count, "keyword"))) return NULL;
+    if (args[1] != Py_None && !(keyword = column_data(args[1], NPY_FLOAT64, count, 0, "pool_adjusted", "keyword",
+                                                      "a contiguous float64 array of the pool's length")))
+        return NULL;
     const npy_intp *before = NULL, *after = NULL;
     if (args[3] != Py_None) {
         PyArrayObject *rows = (PyArrayObject *)args[3];
@@ -170,15 +176,9 @@ static PyObject *pool_adjusted(PyObject *module, PyObject *const *args, Py_ssize
             }
     }
     const npy_bool *timed = NULL;
-    if (args[5] != Py_None) {
-        PyArrayObject *flags = (PyArrayObject *)args[5];
-        if (!PyArray_Check(args[5]) || PyArray_TYPE(flags) != NPY_BOOL || PyArray_NDIM(flags) != 1 ||
-            PyArray_DIM(flags, 0) != count || !PyArray_IS_C_CONTIGUOUS(flags)) {
-            PyErr_SetString(PyExc_TypeError, "pool_adjusted: timed must be pool_lookups' bool column");
-            return NULL;
-        }
-        timed = (const npy_bool *)PyArray_DATA(flags);
-    }
+    if (args[5] != Py_None && !(timed = column_data(args[5], NPY_BOOL, count, 0, "pool_adjusted", "timed",
+                                                    "pool_lookups' bool column")))
+        return NULL;
     npy_intp shape[1] = {count};
     PyObject *out = PyArray_SimpleNew(1, shape, NPY_FLOAT64);
     double *scores = count ? PyMem_Malloc((size_t)count * sizeof(double)) : NULL;
@@ -242,13 +242,10 @@ static PyObject *top_k(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     }
     const Py_ssize_t k = PyLong_AsSsize_t(args[1]);
     if (k == -1 && PyErr_Occurred()) return NULL;
-    if (!PyArray_Check(args[0]) || PyArray_NDIM((PyArrayObject *)args[0]) != 1) {
-        PyErr_SetString(PyExc_TypeError, "top_k: adjusted must be a float64 array");
-        return NULL;
-    }
-    const Py_ssize_t count = PyArray_DIM((PyArrayObject *)args[0], 0);
-    const double *adjusted = float64_column(args[0], count, "adjusted");
+    const double *adjusted = column_data(args[0], NPY_FLOAT64, -1, 0, "top_k", "adjusted",
+                                         "a contiguous 1-D float64 array");
     if (!adjusted) return NULL;
+    const Py_ssize_t count = PyArray_DIM((PyArrayObject *)args[0], 0);
     const Py_ssize_t taken = k < 0 ? 0 : (k < count ? k : count);
     npy_intp *order = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(npy_intp));
     if (!order) return PyErr_NoMemory();
@@ -280,17 +277,6 @@ static int by_slot(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static PyArrayObject *use_column(PyObject *array, int type, Py_ssize_t length, const char *name) {
-    PyArrayObject *column = (PyArrayObject *)array;
-    if (!PyArray_Check(array) || PyArray_TYPE(column) != type || PyArray_NDIM(column) != 1 ||
-        (length >= 0 && PyArray_DIM(column, 0) != length) || !PyArray_IS_C_CONTIGUOUS(column) ||
-        !PyArray_ISWRITEABLE(column)) {
-        PyErr_Format(PyExc_TypeError, "count_uses: %s must be a HotSet's writeable column", name);
-        return NULL;
-    }
-    return column;
-}
-
 /* count_uses(slot_of, ids, freq, freq_at, last_use, now) -> None, or NotImplemented (nothing changed) for an id
  * that is not a Python int (numpy's integers among them: HotSet.use's numpy path takes those).
  * HotSet.use without a half-life: each distinct id of the list that slot_of (a dict of int to slot) tracks counts
@@ -302,12 +288,14 @@ static PyObject *count_uses(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "count_uses(slot_of: dict, ids: list, freq, freq_at, last_use, now)");
         return NULL;
     }
-    PyArrayObject *freq_column = use_column(args[2], NPY_FLOAT64, -1, "freq");
-    if (!freq_column) return NULL;
-    const Py_ssize_t capacity = PyArray_DIM(freq_column, 0);
-    PyArrayObject *freq_at_column = use_column(args[3], NPY_INT64, capacity, "freq_at");
-    PyArrayObject *last_use_column = freq_at_column ? use_column(args[4], NPY_INT64, capacity, "last_use") : NULL;
-    if (!last_use_column) return NULL;
+    static const char column[] = "a HotSet's writeable column";
+    double *freq = column_data(args[2], NPY_FLOAT64, -1, 1, "count_uses", "freq", column);
+    if (!freq) return NULL;
+    const Py_ssize_t capacity = PyArray_DIM((PyArrayObject *)args[2], 0);
+    npy_int64 *freq_at = column_data(args[3], NPY_INT64, capacity, 1, "count_uses", "freq_at", column);
+    npy_int64 *last_use = freq_at ? column_data(args[4], NPY_INT64, capacity, 1, "count_uses", "last_use", column)
+                                  : NULL;
+    if (!last_use) return NULL;
     const long long now = PyLong_AsLongLong(args[5]);
     if (now == -1 && PyErr_Occurred()) return NULL;
     PyObject *ids = args[1];
@@ -336,8 +324,6 @@ static PyObject *count_uses(PyObject *module, PyObject *const *args, Py_ssize_t 
         slots[found++] = at;
     }
     qsort(slots, (size_t)found, sizeof(Py_ssize_t), by_slot); /* an id given twice: its slot counts once */
-    double *freq = (double *)PyArray_DATA(freq_column);
-    npy_int64 *freq_at = (npy_int64 *)PyArray_DATA(freq_at_column), *last_use = (npy_int64 *)PyArray_DATA(last_use_column);
     for (Py_ssize_t i = 0; i < found; i++) {
         if (i && slots[i] == slots[i - 1]) continue;
         freq[slots[i]] += 1.0;
