@@ -280,7 +280,8 @@ def compiled_stages() -> Any:
     vectors that differ at most in the last bit of the length."""
     path = installed_extension("_trstages")
     return None if path is None else load_extension(
-        path, "_trstages", COMPILED_STAGES_API, "the retrieval stages run in Python, about 0.1 ms slower a search")
+        path, "_trstages", COMPILED_STAGES_API,
+        "the coordinator's loops run in Python (the retrieval stages about 0.1 ms slower a search)")
 
 
 _timed = operator.itemgetter(1)
@@ -330,10 +331,8 @@ def _terms(text: str) -> frozenset[str]:
 def prime_texts(texts: Iterable[str]) -> None:
     """Reads what the stages read of memory texts (their words, whether they name a time) ahead of the searches that
     pool them (a store's own adds: a process that opens a store leaves them to its searches rather than read up to
-    TERMS_KEPT texts beside its first calls). A search otherwise reads each text the first time it pools it, which made
-    the first searches over new memories the slowest: on 2 cores, p99 2.6 ms in the first pass over LoCoMo's
-    questions and 1.5 after, before the words were read ahead; the time cue then still cost up to 1.7 ms of the
-    first pass's features."""
+    TERMS_KEPT texts beside its first calls). A search otherwise reads each text the first time it pools it, which
+    makes the first searches over new memories the slowest (docs/recall.md gives the figures)."""
     for text in texts:
         _terms(text)
         names_a_time(text)

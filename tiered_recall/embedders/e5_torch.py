@@ -142,8 +142,7 @@ class TorchEncoder:
 
     def _warm_batches(self) -> None:
         """Runs one padded batch of passages: the first batch on a GPU pays for the math libraries' setup and the
-        loading of their kernels (0.4-1.8 s on the H100), which belongs to the load, not to an ingest's first
-        batch."""
+        loading of their kernels, which belongs to the load, not to an ingest's first batch."""
         rows, tokens = self.batch_tokens // 64, 64
         token_ids = np.full((rows, tokens), self.pad, dtype=np.int64)
         mask = np.zeros((rows, tokens), dtype=np.int32)
@@ -249,10 +248,9 @@ class TorchEncoder:
 
     def _batch_attention(self):
         """Attention for a batch without cuDNN's: torch may send attention with a padding mask to cuDNN first, which
-        builds an execution plan for every (batch, tokens) it has not seen, on the CPU, tens of milliseconds each.
-        Ingest's batches come in many shapes: on the H100 a call of 512 turns took 150-250 ms the first time its
-        shapes were seen and 22-29 ms when the same batches came again. The memory-efficient kernel takes the mask as
-        it is, with no plan to build. While this runs, torch's attention choice is narrowed for the whole process."""
+        builds an execution plan for every (batch, tokens) it has not seen, on the CPU, and ingest's batches come in
+        many shapes (docs/recall.md). The memory-efficient kernel takes the mask as it is, with no plan to build.
+        While this runs, torch's attention choice is narrowed for the whole process."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
