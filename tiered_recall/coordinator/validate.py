@@ -183,7 +183,7 @@ def unit_query(vector: Any, dim_: int) -> np.ndarray:
 
 def scaled_to_unit(arr: np.ndarray) -> np.ndarray | None:
     """A float32 vector divided by its length, or None when the length is zero, not finite, or far outside float32's
-    comfortable range (unit_query then says what is wrong, or divides in float64). One float64 dot product checks it:
+    comfortable range (unit_query then says what is wrong, or divides in float64). One float64 sum of squares checks it:
     the square of float32 values neither overflows nor underflows in float64, so it is finite and positive exactly
     when every value is finite and one is not zero."""
     loops = compiled_stages()
