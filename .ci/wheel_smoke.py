@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import subprocess
 import sys
 import sysconfig
@@ -42,6 +43,11 @@ def main() -> int:
     from tiered_recall.coordinator.stages import compiled_stages
     loops = compiled_stages()
     assert loops is not None and loops.__file__.endswith(".abi3.so"), "the stable-ABI compiled stages did not load"
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert "libtrcpuencoder.so" in shipped, f"no E5 CPU encoder (libtrcpuencoder.so) in an x86-64 wheel: {shipped}"
+        from tiered_recall.embedders.e5_cpu import ABI_VERSION as CPU_ABI, cpu_encoder_library
+
+        assert cpu_encoder_library().tr_cpu_encoder_abi_version() == CPU_ABI, "libtrcpuencoder.so is from another build"
     backends = subprocess.run([str(binaries / "tr-sidecar"), "--backends"], capture_output=True, text=True,
                               check=True).stdout.split()
     if args.expect_cuda_build or args.device == "cuda":

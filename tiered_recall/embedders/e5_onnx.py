@@ -11,7 +11,7 @@ import threading
 import numpy as np
 
 from ..errors import InvalidInput
-from .e5_weights import E5_INSTALL_HINT, E5Weights
+from .e5_weights import E5_INSTALL_HINT, E5Weights, int8_columns
 
 OPSET = 17
 # The IR version the graph declares: the onnx package writes its newest by default, which an older onnxruntime
@@ -103,14 +103,6 @@ def _session(onnxruntime, model: bytes, threads: int):
     return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def _int8_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(out, in) float32 -> (in, out) int8 and one scale per output column: symmetric, so zero is exact."""
-    scale = np.abs(weight).max(axis=1) / 127.0
-    scale[scale == 0] = 1.0
-    quantized = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
-    return np.ascontiguousarray(quantized.T), scale.astype(np.float32)
-
-
 def build_graph(weights: E5Weights):
     """The encoder as an ONNX model: inputs `embeddings` (batch, tokens, hidden) float32 (word + position + type,
     before the embedding LayerNorm) and `mask` (batch, tokens) int32; output `summed`, the masked sum of the last
@@ -126,7 +118,7 @@ def build_graph(weights: E5Weights):
         return name
 
     def linear(source: str, weight: np.ndarray, bias: np.ndarray, out: str) -> str:
-        quantized, scale = _int8_columns(weight)
+        quantized, scale = int8_columns(weight)
         nodes.append(helper.make_node(
             "DynamicQuantizeMatMul",
             [source, constant(f"{out}.w", quantized), constant(f"{out}.scale", scale),

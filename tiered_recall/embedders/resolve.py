@@ -12,7 +12,7 @@ from .wordllama import WordLlamaEmbedder
 
 EmbedderSpec = Embedder | Callable[[list[str]], Any] | str | None
 DEFAULT_EMBEDDER = "e5"  # the `quality` preset's; docs/recall.md gives the figures behind the choice
-NAMES = ("e5", "e5:onnx", "e5:torch", "wordllama", "wordllama:128", "wordllama:64", "minilm")
+NAMES = ("e5", "e5:native", "e5:onnx", "e5:torch", "wordllama", "wordllama:128", "wordllama:64", "minilm")
 
 
 def spec_of_stored_name(name: str) -> str | None:
@@ -34,8 +34,9 @@ def resolve_embedder(spec: EmbedderSpec = None) -> Embedder:
     if isinstance(spec, str):
         kind, _, option = spec.strip().lower().partition(":")
         if kind == "e5":
-            if option not in ("", "onnx", "torch"):
-                raise InvalidInput(f"embedder {spec!r}: the part after ':' is a backend, 'e5:onnx' or 'e5:torch'")
+            if option not in ("", "native", "onnx", "torch"):
+                raise InvalidInput(f"embedder {spec!r}: the part after ':' is a backend, 'e5:native', 'e5:onnx' or "
+                                   "'e5:torch'")
             return E5Embedder(backend=option or "auto")
         if kind == "wordllama":
             if option and not option.isdigit():

@@ -1,0 +1,351 @@
+/* libtrcpuencoder's interface (native/include/tiered_recall/cpu_encoder.h): multilingual-e5-small on x86 CPUs with
+ * AVX-512 VNNI. Each matrix product quantizes its input rows to uint8 (one scale and zero point per row) and multiplies
+ * them by int8 weights (one scale per output column) with exact int32 sums; layer norms, attention, GELU and pooling
+ * run in float32 (kernels.c). A call runs on the calling thread, with the encoder's helper threads where it asks for
+ * more than one (pool.c). Loaded by tiered_recall/embedders/e5_cpu.py through ctypes. */
+#include "tiered_recall/cpu_encoder.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "pool.h"
+
+#define API __attribute__((visibility("default")))
+
+enum {
+    LAYERS = TR_CPU_ENCODER_LAYERS,
+    SCRATCH_SLOTS = 8, /* calls that run side by side without allocating */
+    MAX_THREADS = 8,
+    ALIGN = 64
+};
+
+typedef struct {
+    tr_matrix qkv, ao, fi, fo;
+    float *aln_gamma, *aln_beta, *oln_gamma, *oln_beta;
+} layer;
+
+typedef struct {
+    atomic_int busy;
+    size_t bytes;
+    unsigned char *memory;
+} scratch_slot;
+
+struct tr_cpu_encoder {
+    float eps;
+    float *emb_gamma, *emb_beta;
+    layer layers[LAYERS];
+    scratch_slot slots[SCRATCH_SLOTS];
+    atomic_int pool_busy; /* one call at a time shares its tasks with the helpers; another runs alone */
+    tr_pool *pool;        /* made by the first call that asks for threads; its helpers are threads - 1 */
+};
+
+static void say(char *error, int error_bytes, const char *what) {
+    if (error && error_bytes > 0) snprintf(error, (size_t)error_bytes, "%s", what);
+}
+
+API uint32_t tr_cpu_encoder_abi_version(void) { return TR_CPU_ENCODER_ABI_VERSION; }
+
+API const char *tr_cpu_encoder_layout_json(void) {
+    static char json[1024];
+    snprintf(json, sizeof json,
+             "{\"TR_CPU_ENCODER_ABI_VERSION\": %d, \"TR_CPU_ENCODER_HIDDEN\": %d, \"TR_CPU_ENCODER_HEADS\": %d, "
+             "\"TR_CPU_ENCODER_FFN\": %d, \"TR_CPU_ENCODER_LAYERS\": %d, \"TR_CPU_ENCODER_MAX_TOKENS\": %d, "
+             "\"TR_CPU_ENCODER_GLOBALS\": %d, \"TR_CPU_ENCODER_PER_LAYER\": %d, "
+             "\"order\": [\"EMB_GAMMA\", \"EMB_BETA\"], "
+             "\"layer_order\": [\"QKV\", \"QKV_SCALE\", \"QKV_BIAS\", \"AO\", \"AO_SCALE\", \"AO_BIAS\", \"ALN_GAMMA\", "
+             "\"ALN_BETA\", \"FI\", \"FI_SCALE\", \"FI_BIAS\", \"FO\", \"FO_SCALE\", \"FO_BIAS\", \"OLN_GAMMA\", "
+             "\"OLN_BETA\"]}",
+             TR_CPU_ENCODER_ABI_VERSION, TR_HIDDEN, TR_HEADS, TR_FFN, LAYERS, TR_CPU_ENCODER_MAX_TOKENS,
+             (int)TR_CPU_ENCODER_GLOBALS, (int)TR_CPU_ENCODER_PER_LAYER);
+    return json;
+}
+
+_Static_assert(TR_CPU_ENCODER_EMB_GAMMA == 0 && TR_CPU_ENCODER_EMB_BETA == 1, "tr_cpu_encoder_layout_json's order");
+_Static_assert(TR_CPU_ENCODER_QKV == 0 && TR_CPU_ENCODER_QKV_SCALE == 1 && TR_CPU_ENCODER_QKV_BIAS == 2 &&
+                   TR_CPU_ENCODER_AO == 3 && TR_CPU_ENCODER_AO_SCALE == 4 && TR_CPU_ENCODER_AO_BIAS == 5 &&
+                   TR_CPU_ENCODER_ALN_GAMMA == 6 && TR_CPU_ENCODER_ALN_BETA == 7 && TR_CPU_ENCODER_FI == 8 &&
+                   TR_CPU_ENCODER_FI_SCALE == 9 && TR_CPU_ENCODER_FI_BIAS == 10 && TR_CPU_ENCODER_FO == 11 &&
+                   TR_CPU_ENCODER_FO_SCALE == 12 && TR_CPU_ENCODER_FO_BIAS == 13 && TR_CPU_ENCODER_OLN_GAMMA == 14 &&
+                   TR_CPU_ENCODER_OLN_BETA == 15,
+               "tr_cpu_encoder_layout_json's layer_order");
+
+API int tr_cpu_encoder_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+}
+
+static void *aligned(size_t bytes) {
+    void *memory = NULL;
+    return posix_memalign(&memory, ALIGN, (bytes + ALIGN - 1) / ALIGN * ALIGN) == 0 ? memory : NULL;
+}
+
+static float *copy_floats(const void *source, int count) {
+    float *copy = aligned((size_t)count * sizeof(float));
+    if (copy) memcpy(copy, source, (size_t)count * sizeof(float));
+    return copy;
+}
+
+static int pack_matrix(tr_matrix *m, const void *const *weights, int in, int out) {
+    const int8_t *rows = weights[0];
+    m->in = in, m->out = out;
+    m->packed = aligned((size_t)in * out);
+    m->column_sums = aligned((size_t)out * sizeof(int32_t));
+    m->scale = copy_floats(weights[1], out);
+    m->bias = copy_floats(weights[2], out);
+    if (!m->packed || !m->column_sums || !m->scale || !m->bias) return -1;
+    for (int column = 0; column < out; ++column) {
+        int32_t sum = 0;
+        int8_t *panel = m->packed + (size_t)(column / TR_LANES) * in * TR_LANES;
+        for (int k = 0; k < in; ++k) {
+            int8_t weight = rows[(size_t)k * out + column];
+            panel[((size_t)(k / 4) * TR_LANES + column % TR_LANES) * 4 + k % 4] = weight;
+            sum += weight;
+        }
+        m->column_sums[column] = sum;
+    }
+    return 0;
+}
+
+static void free_matrix(tr_matrix *m) {
+    free(m->packed), free(m->column_sums), free(m->scale), free(m->bias);
+}
+
+API void tr_cpu_encoder_destroy(tr_cpu_encoder *encoder) {
+    if (!encoder) return;
+    tr_pool_destroy(encoder->pool);
+    free(encoder->emb_gamma), free(encoder->emb_beta);
+    for (int l = 0; l < LAYERS; ++l) {
+        layer *ly = &encoder->layers[l];
+        free_matrix(&ly->qkv), free_matrix(&ly->ao), free_matrix(&ly->fi), free_matrix(&ly->fo);
+        free(ly->aln_gamma), free(ly->aln_beta), free(ly->oln_gamma), free(ly->oln_beta);
+    }
+    for (int s = 0; s < SCRATCH_SLOTS; ++s) free(encoder->slots[s].memory);
+    free(encoder);
+}
+
+API tr_cpu_encoder *tr_cpu_encoder_create(const void *const *weights, int count, float eps, char *error,
+                                          int error_bytes) {
+    if (!tr_cpu_encoder_supported()) {
+        say(error, error_bytes, "this CPU lacks AVX-512 VNNI (avx512f, avx512bw, avx512vl, avx512dq, avx512vnni)");
+        return NULL;
+    }
+    if (!weights || count != TR_CPU_ENCODER_POINTERS) {
+        if (error && error_bytes > 0)
+            snprintf(error, (size_t)error_bytes, "expected %d weight pointers, got %d", TR_CPU_ENCODER_POINTERS, count);
+        return NULL;
+    }
+    for (int i = 0; i < count; ++i) {
+        if (!weights[i]) {
+            if (error && error_bytes > 0) snprintf(error, (size_t)error_bytes, "weight %d is null", i);
+            return NULL;
+        }
+    }
+    if (!(eps > 0.0f) || !isfinite(eps)) {
+        say(error, error_bytes, "the layer norms' epsilon must be a positive finite number");
+        return NULL;
+    }
+    tr_cpu_encoder *encoder = calloc(1, sizeof *encoder);
+    if (!encoder) {
+        say(error, error_bytes, "out of memory");
+        return NULL;
+    }
+    encoder->eps = eps;
+    encoder->emb_gamma = copy_floats(weights[TR_CPU_ENCODER_EMB_GAMMA], TR_HIDDEN);
+    encoder->emb_beta = copy_floats(weights[TR_CPU_ENCODER_EMB_BETA], TR_HIDDEN);
+    int failed = !encoder->emb_gamma || !encoder->emb_beta;
+    for (int l = 0; l < LAYERS && !failed; ++l) {
+        const void *const *w = weights + TR_CPU_ENCODER_GLOBALS + l * TR_CPU_ENCODER_PER_LAYER;
+        layer *ly = &encoder->layers[l];
+        failed = pack_matrix(&ly->qkv, w + TR_CPU_ENCODER_QKV, TR_HIDDEN, TR_QKV_WIDTH) ||
+                 pack_matrix(&ly->ao, w + TR_CPU_ENCODER_AO, TR_HIDDEN, TR_HIDDEN) ||
+                 pack_matrix(&ly->fi, w + TR_CPU_ENCODER_FI, TR_HIDDEN, TR_FFN) ||
+                 pack_matrix(&ly->fo, w + TR_CPU_ENCODER_FO, TR_FFN, TR_HIDDEN);
+        ly->aln_gamma = copy_floats(w[TR_CPU_ENCODER_ALN_GAMMA], TR_HIDDEN);
+        ly->aln_beta = copy_floats(w[TR_CPU_ENCODER_ALN_BETA], TR_HIDDEN);
+        ly->oln_gamma = copy_floats(w[TR_CPU_ENCODER_OLN_GAMMA], TR_HIDDEN);
+        ly->oln_beta = copy_floats(w[TR_CPU_ENCODER_OLN_BETA], TR_HIDDEN);
+        failed = failed || !ly->aln_gamma || !ly->aln_beta || !ly->oln_gamma || !ly->oln_beta;
+    }
+    if (failed) {
+        tr_cpu_encoder_destroy(encoder);
+        say(error, error_bytes, "out of memory");
+        return NULL;
+    }
+    return encoder;
+}
+
+
+/* ---- a call ----------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    float *x, *x1, *projected, *ctx, *qkv, *inner, *scale, *work;
+    int32_t *zero;
+    uint8_t *quantized;
+} buffers;
+
+static size_t lay_out(buffers *to, unsigned char *memory, int rows, int tokens) {
+    const size_t sizes[] = {(size_t)rows * TR_HIDDEN * 4, (size_t)rows * TR_HIDDEN * 4, (size_t)rows * TR_HIDDEN * 4,
+                            (size_t)rows * TR_HIDDEN * 4, (size_t)rows * TR_QKV_WIDTH * 4, (size_t)rows * TR_FFN * 4,
+                            (size_t)rows * 4, tr_attention_work(tokens) * MAX_THREADS * 4, (size_t)rows * 4,
+                            (size_t)rows * TR_FFN};
+    void **slots[] = {(void **)&to->x, (void **)&to->x1, (void **)&to->projected, (void **)&to->ctx,
+                      (void **)&to->qkv, (void **)&to->inner, (void **)&to->scale, (void **)&to->work,
+                      (void **)&to->zero, (void **)&to->quantized};
+    size_t offset = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; ++i) {
+        if (memory) *slots[i] = memory + offset;
+        offset += (sizes[i] + ALIGN - 1) / ALIGN * ALIGN;
+    }
+    return offset;
+}
+
+/* A matrix product's tasks: one column block each, GELU applied to its own columns where asked. */
+typedef struct {
+    const tr_matrix *matrix;
+    const buffers *m;
+    int rows, gelu;
+    float *out;
+} product_job;
+
+static void product_task(void *context, int task, int worker) {
+    const product_job *job = context;
+    tr_multiply(job->matrix, job->m->quantized, job->m->scale, job->m->zero, job->rows, job->out, task, 1);
+    if (job->gelu) tr_gelu(job->out, job->rows, job->matrix->out, task * TR_COLUMN_BLOCK, TR_COLUMN_BLOCK);
+}
+
+static void product(tr_pool *pool, const tr_matrix *matrix, const buffers *m, int rows, float *out, int gelu) {
+    product_job job = {matrix, m, rows, gelu, out};
+    tr_pool_run(pool, product_task, &job, matrix->out / TR_COLUMN_BLOCK);
+}
+
+/* Attention's tasks: one (text, head) each, on the worker's own scratch. */
+typedef struct {
+    const buffers *m;
+    const int32_t *mask;
+    int tokens;
+} attention_job;
+
+static void attention_task(void *context, int task, int worker) {
+    const attention_job *job = context;
+    tr_attend(job->m->qkv, job->mask, task / TR_HEADS, task % TR_HEADS, job->tokens, job->m->ctx,
+              job->m->work + tr_attention_work(job->tokens) * (size_t)worker);
+}
+
+static void encode(const tr_cpu_encoder *encoder, tr_pool *pool, const float *embeddings, const int32_t *mask,
+                   int batch, int tokens, int rows, const buffers *m, float *summed) {
+    const int real = batch * tokens;
+    tr_norm_rows(embeddings, NULL, real, encoder->emb_gamma, encoder->emb_beta, encoder->eps, m->x);
+    /* the padding rows: zero, so that every product and norm over them stays finite */
+    memset(m->x + (size_t)real * TR_HIDDEN, 0, (size_t)(rows - real) * TR_HIDDEN * sizeof(float));
+    memset(m->ctx + (size_t)real * TR_HIDDEN, 0, (size_t)(rows - real) * TR_HIDDEN * sizeof(float));
+    attention_job attention = {m, mask, tokens};
+    for (int l = 0; l < LAYERS; ++l) {
+        const layer *ly = &encoder->layers[l];
+        tr_quantize_rows(m->x, rows, TR_HIDDEN, m->quantized, m->scale, m->zero);
+        product(pool, &ly->qkv, m, rows, m->qkv, 0);
+        tr_pool_run(pool, attention_task, &attention, batch * TR_HEADS);
+        tr_quantize_rows(m->ctx, rows, TR_HIDDEN, m->quantized, m->scale, m->zero);
+        product(pool, &ly->ao, m, rows, m->projected, 0);
+        tr_norm_rows(m->projected, m->x, rows, ly->aln_gamma, ly->aln_beta, encoder->eps, m->x1);
+        tr_quantize_rows(m->x1, rows, TR_HIDDEN, m->quantized, m->scale, m->zero);
+        product(pool, &ly->fi, m, rows, m->inner, 1);
+        tr_quantize_rows(m->inner, rows, TR_FFN, m->quantized, m->scale, m->zero);
+        product(pool, &ly->fo, m, rows, m->projected, 0);
+        tr_norm_rows(m->projected, m->x1, rows, ly->oln_gamma, ly->oln_beta, encoder->eps, m->x);
+    }
+    for (int b = 0; b < batch; ++b) {
+        float *out = summed + (size_t)b * TR_HIDDEN;
+        memset(out, 0, TR_HIDDEN * sizeof(float));
+        for (int t = 0; t < tokens; ++t) {
+            if (!mask[(size_t)b * tokens + t]) continue;
+            const float *row = m->x + ((size_t)b * tokens + t) * TR_HIDDEN;
+            for (int c = 0; c < TR_HIDDEN; ++c) out[c] += row[c];
+        }
+    }
+}
+
+/* The encoder's pool for a call that asks for `threads`, claimed for the call (released by release_pool); NULL (run
+ * alone) for one thread, while another call holds it, or where the helpers cannot be started. */
+static tr_pool *claim_pool(tr_cpu_encoder *encoder, int threads) {
+    if (threads <= 1 || atomic_exchange(&encoder->pool_busy, 1)) return NULL;
+    if (encoder->pool && tr_pool_helpers(encoder->pool) != threads - 1) {
+        tr_pool_destroy(encoder->pool);
+        encoder->pool = NULL;
+    }
+    if (!encoder->pool) encoder->pool = tr_pool_create(threads - 1);
+    if (!encoder->pool) atomic_store(&encoder->pool_busy, 0);
+    return encoder->pool;
+}
+
+static void release_pool(tr_cpu_encoder *encoder, tr_pool *pool) {
+    if (pool) atomic_store(&encoder->pool_busy, 0);
+}
+
+API int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, const int32_t *mask, int batch,
+                           int tokens, int threads, float *summed, char *error, int error_bytes) {
+    if (!encoder || !embeddings || !mask || !summed) {
+        say(error, error_bytes, "the encoder, embeddings, mask and output must not be null");
+        return -1;
+    }
+    if (batch < 1 || tokens < 1 || tokens > TR_CPU_ENCODER_MAX_TOKENS || (size_t)batch * tokens > (1u << 24) ||
+        batch * TR_HEADS > 65535) {
+        if (error && error_bytes > 0)
+            snprintf(error, (size_t)error_bytes,
+                     "batch must be 1 to %d and tokens 1 to %d, at most %d tokens in all (got %d x %d)",
+                     65535 / TR_HEADS, TR_CPU_ENCODER_MAX_TOKENS, 1 << 24, batch, tokens);
+        return -1;
+    }
+    if (threads < 1 || threads > MAX_THREADS) {
+        if (error && error_bytes > 0)
+            snprintf(error, (size_t)error_bytes, "threads must be 1 to %d, got %d", MAX_THREADS, threads);
+        return -1;
+    }
+    for (int b = 0; b < batch; ++b) {
+        int any = 0;
+        for (int t = 0; t < tokens; ++t) {
+            int32_t v = mask[(size_t)b * tokens + t];
+            if (v != 0 && v != 1) {
+                say(error, error_bytes, "the mask holds a value other than 0 and 1");
+                return -1;
+            }
+            any |= v;
+        }
+        if (!any) {
+            if (error && error_bytes > 0) snprintf(error, (size_t)error_bytes, "text %d of the batch has no token", b);
+            return -1;
+        }
+    }
+    const int rows = (batch * tokens + TR_ROW_STEP - 1) / TR_ROW_STEP * TR_ROW_STEP;
+    buffers m;
+    const size_t bytes = lay_out(&m, NULL, rows, tokens);
+    scratch_slot *slot = NULL;
+    for (int s = 0; s < SCRATCH_SLOTS && !slot; ++s)
+        if (!atomic_exchange(&encoder->slots[s].busy, 1)) slot = &encoder->slots[s];
+    unsigned char *memory;
+    if (slot && slot->bytes >= bytes) {
+        memory = slot->memory;
+    } else {
+        memory = aligned(bytes);
+        if (!memory) {
+            if (slot) atomic_store(&slot->busy, 0);
+            say(error, error_bytes, "out of memory");
+            return -1;
+        }
+        if (slot) free(slot->memory), slot->memory = memory, slot->bytes = bytes;
+    }
+    lay_out(&m, memory, rows, tokens);
+    tr_pool *pool = claim_pool(encoder, threads);
+    encode(encoder, pool, embeddings, mask, batch, tokens, rows, &m, summed);
+    release_pool(encoder, pool);
+    if (slot)
+        atomic_store(&slot->busy, 0);
+    else
+        free(memory);
+    return 0;
+}
