@@ -29,8 +29,8 @@ class E5Embedder:
         "torch" (float16 on a CUDA GPU, bfloat16 on a CPU), or "auto": torch on the GPU when torch sees one, else
         native where this CPU has AVX-512 VNNI and the library is installed, else onnx.
     device: for backend="torch": "cuda" (default) or "cpu".
-    threads: the CPU backends' threads (default: the cores this process may use; one query runs on one thread with
-        native, on one fewer than the cores with onnx).
+    threads: the CPU backends' threads (default: the cores this process may use; one query runs on at most two with
+        native, the caller and a helper, and on one fewer than the cores with onnx).
     max_tokens: texts are cut to this many tokens (the model's limit is 512).
     gpu_queries: how a GPU embeds one query: "fused" (one launch of libtrencoder's kernel), "graphs" (a replayed
         CUDA graph of torch's kernels), or "auto" (fused where the library is installed and runs, else graphs);

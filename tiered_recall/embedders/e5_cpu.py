@@ -112,8 +112,8 @@ class CpuEncoder:
     """The encoder in libtrcpuencoder. A batch is split by texts over `threads` threads (default: the cores this
     process may use, at most eight), whose library calls release the GIL and run side by side; one query runs on the
     calling thread and one of the library's helper threads (QUERY_THREADS), which claim its parts one by one, so a
-    helper that is not running (a CPU hot tier's sidecar polls on a core right after it answers) slows it but never
-    holds it up."""
+    helper that is not running (a CPU hot tier's sidecar polls on a core right after it answers) leaves its share to
+    the caller; one taken off its core mid-part holds the query until that part is done."""
 
     batch_tokens = BATCH_TOKENS
 

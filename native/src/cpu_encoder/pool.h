@@ -1,5 +1,6 @@
 /* The helper threads one query's encoder calls share its tasks with: the caller and the helpers claim tasks from one
- * counter, so a helper that is not running leaves its share to the caller instead of holding the call up. */
+ * counter, so a helper that is not running leaves its share to the caller instead of holding the call up (one taken
+ * off its core in the middle of a task holds the call until it finishes that task). */
 #ifndef TR_CPU_ENCODER_POOL_H
 #define TR_CPU_ENCODER_POOL_H
 
