@@ -170,7 +170,7 @@ def main(argv=None) -> int:
           f"{len({q.conversation for q in questions})} conversations; evidence ids normalised {stats.normalised}, "
           f"dropped {stats.dropped}, questions without evidence {stats.questions_without_evidence}; device {args.device}; "
           f"{machine}")
-    header = (f"{'preset':<9}{'stages':<7}{'embedder':<27}{'R@5':>6}{'R@10':>6}{'R@25':>6}  "
+    header = (f"{'preset':<9}{'stages':<7}{'embedder (runtime)':<36}{'R@5':>6}{'R@10':>6}{'R@25':>6}  "
               + " ".join(f"c{c}@10" for c in CATEGORIES) + f"{'ingest/s':>10}{'embed p50/p99':>15}{'search p50/p99':>16}"
               + f"{'= embed':>15}{'+ vector':>15}{'+ stages, rest':>16}")
     print(header)
@@ -182,7 +182,8 @@ def main(argv=None) -> int:
             rows.append(row)
             overall = row["recall"]["all"]
             embed, search = row["query_embedding"], row["text_search"]
-            print(f"{row['preset']:<9}{'on' if row['stages'] else 'off':<7}{row['embedder']:<27}"
+            runtime = f"{row['embedder']} ({row['backend']})" if row["backend"] != "-" else row["embedder"]
+            print(f"{row['preset']:<9}{'on' if row['stages'] else 'off':<7}{runtime:<36}"
                   + "".join(f"{overall[str(k)]:>6.1f}" for k in KS) + "  "
                   + " ".join(f"{row['recall'].get(str(c), {}).get('10', float('nan')):>5.1f}" for c in CATEGORIES)
                   + f"{row['ingest_turns_per_s']:>10,.0f}{embed['p50_ms']:>8.2f}/{embed['p99_ms']:<6.2f}"
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
                   + ("" if not row["stages"] else
                      f"  (ingest: embedding {row['ingest']['embedding_s']:.1f} s, writing {row['ingest']['writing_s']:.1f} s"
                      f" of {row['ingest']['seconds']:.1f} s)"), flush=True)
-    print(f"{'DRAGON (paper, 10 conversations)':<43}" + "".join(f"{DRAGON[k]:>6.1f}" for k in KS))
+    print(f"{'DRAGON (paper, 10 conversations)':<52}" + "".join(f"{DRAGON[k]:>6.1f}" for k in KS))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"machine": machine, "device": args.device, "questions": len(questions),

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-enum { BLOCK_ROWS = 8, BLOCK_PANELS = TR_COLUMN_BLOCK / TR_LANES };
+enum { BLOCK_ROWS = 8, BLOCK_PANELS = TR_COLUMN_BLOCK / TR_LANES, QUERY_GROUP = 4 };
 _Static_assert(TR_HIDDEN % TR_COLUMN_BLOCK == 0 && TR_FFN % TR_COLUMN_BLOCK == 0, "column blocks");
 _Static_assert(BLOCK_PANELS == 3, "the blocks below name three panels");
 _Static_assert(TR_HEAD_DIM == 2 * TR_LANES, "a head is two registers");
@@ -181,11 +181,15 @@ TR_VNNI void tr_gelu(float *x, int rows, int width, int c0, int columns) {
 
 static int padded_tokens(int tokens) { return (tokens + TR_LANES - 1) / TR_LANES * TR_LANES; }
 
-size_t tr_attention_work(int tokens) { return ((size_t)TR_HEAD_DIM + 2) * (size_t)padded_tokens(tokens); }
+size_t tr_attention_work(int tokens) {
+    return ((size_t)TR_HEAD_DIM + QUERY_GROUP + 1) * (size_t)padded_tokens(tokens);
+}
 
+/* Queries are taken QUERY_GROUP at a time, so that each key and value loaded serves four of them; each query's sums
+ * run in the same order as one at a time would run them. */
 TR_VNNI void tr_attend(const float *qkv, const int32_t *mask, int b, int h, int tokens, float *ctx, float *work) {
     const int padded = padded_tokens(tokens);
-    float *keys = work, *scores = keys + (size_t)TR_HEAD_DIM * padded, *bias = scores + padded;
+    float *keys = work, *scores = keys + (size_t)TR_HEAD_DIM * padded, *bias = scores + (size_t)QUERY_GROUP * padded;
     const __m512 scaled = _mm512_set1_ps(1.0f / sqrtf((float)TR_HEAD_DIM)), none = _mm512_set1_ps(-INFINITY);
     const float *text = qkv + (size_t)b * tokens * TR_QKV_WIDTH;
     for (int j = 0; j < padded; ++j) bias[j] = j < tokens && mask[(size_t)b * tokens + j] ? 0.0f : -INFINITY;
@@ -195,36 +199,57 @@ TR_VNNI void tr_attend(const float *qkv, const int32_t *mask, int b, int h, int 
         for (int j = 0; j < tokens; ++j) row[j] = text[(size_t)j * TR_QKV_WIDTH + TR_HIDDEN + h * TR_HEAD_DIM + d];
         for (int j = tokens; j < padded; ++j) row[j] = 0.0f;
     }
-    for (int i = 0; i < tokens; ++i) {
-        const float *query = text + (size_t)i * TR_QKV_WIDTH + h * TR_HEAD_DIM;
-        __m512 top = none;
+    for (int i = 0; i < tokens; i += QUERY_GROUP) {
+        const float *query[QUERY_GROUP];
+        for (int r = 0; r < QUERY_GROUP; ++r) /* past the last query, the last again, its answer not kept */
+            query[r] = text + (size_t)(i + r < tokens ? i + r : tokens - 1) * TR_QKV_WIDTH + h * TR_HEAD_DIM;
+        __m512 top[QUERY_GROUP];
+        for (int r = 0; r < QUERY_GROUP; ++r) top[r] = none;
         for (int c = 0; c < padded; c += TR_LANES) {
-            __m512 s = _mm512_setzero_ps();
-            for (int d = 0; d < TR_HEAD_DIM; ++d)
-                s = _mm512_fmadd_ps(_mm512_set1_ps(query[d]), _mm512_loadu_ps(keys + (size_t)d * padded + c), s);
-            s = _mm512_add_ps(_mm512_mul_ps(s, scaled), _mm512_loadu_ps(bias + c));
-            _mm512_storeu_ps(scores + c, s);
-            top = _mm512_max_ps(top, s);
+            __m512 sum[QUERY_GROUP];
+            for (int r = 0; r < QUERY_GROUP; ++r) sum[r] = _mm512_setzero_ps();
+            for (int d = 0; d < TR_HEAD_DIM; ++d) {
+                const __m512 key = _mm512_loadu_ps(keys + (size_t)d * padded + c);
+#pragma GCC unroll 4
+                for (int r = 0; r < QUERY_GROUP; ++r) sum[r] = _mm512_fmadd_ps(_mm512_set1_ps(query[r][d]), key, sum[r]);
+            }
+            for (int r = 0; r < QUERY_GROUP; ++r) {
+                const __m512 s = _mm512_add_ps(_mm512_mul_ps(sum[r], scaled), _mm512_loadu_ps(bias + c));
+                _mm512_storeu_ps(scores + (size_t)r * padded + c, s);
+                top[r] = _mm512_max_ps(top[r], s);
+            }
         }
-        const __m512 largest = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-        __m512 total = _mm512_setzero_ps();
-        for (int c = 0; c < padded; c += TR_LANES) {
-            const __m512 s = _mm512_loadu_ps(scores + c);
-            const __mmask16 live = _mm512_cmp_ps_mask(s, none, _CMP_NEQ_OQ);
-            const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s, largest)));
-            _mm512_storeu_ps(scores + c, e);
-            total = _mm512_add_ps(total, e);
+        float inverse[QUERY_GROUP];
+        for (int r = 0; r < QUERY_GROUP; ++r) {
+            float *row = scores + (size_t)r * padded;
+            const __m512 largest = _mm512_set1_ps(_mm512_reduce_max_ps(top[r]));
+            __m512 total = _mm512_setzero_ps();
+            for (int c = 0; c < padded; c += TR_LANES) {
+                const __m512 s = _mm512_loadu_ps(row + c);
+                const __mmask16 live = _mm512_cmp_ps_mask(s, none, _CMP_NEQ_OQ);
+                const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s, largest)));
+                _mm512_storeu_ps(row + c, e);
+                total = _mm512_add_ps(total, e);
+            }
+            inverse[r] = 1.0f / _mm512_reduce_add_ps(total);
         }
-        __m512 low = _mm512_setzero_ps(), high = _mm512_setzero_ps();
+        __m512 low[QUERY_GROUP], high[QUERY_GROUP];
+        for (int r = 0; r < QUERY_GROUP; ++r) low[r] = high[r] = _mm512_setzero_ps();
         for (int j = 0; j < tokens; ++j) {
             const float *value = text + (size_t)j * TR_QKV_WIDTH + 2 * TR_HIDDEN + h * TR_HEAD_DIM;
-            const __m512 p = _mm512_set1_ps(scores[j]);
-            low = _mm512_fmadd_ps(p, _mm512_loadu_ps(value), low);
-            high = _mm512_fmadd_ps(p, _mm512_loadu_ps(value + TR_LANES), high);
+            const __m512 first = _mm512_loadu_ps(value), second = _mm512_loadu_ps(value + TR_LANES);
+#pragma GCC unroll 4
+            for (int r = 0; r < QUERY_GROUP; ++r) {
+                const __m512 p = _mm512_set1_ps(scores[(size_t)r * padded + j]);
+                low[r] = _mm512_fmadd_ps(p, first, low[r]);
+                high[r] = _mm512_fmadd_ps(p, second, high[r]);
+            }
         }
-        const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-        float *out = ctx + ((size_t)b * tokens + i) * TR_HIDDEN + h * TR_HEAD_DIM;
-        _mm512_storeu_ps(out, _mm512_mul_ps(low, inverse));
-        _mm512_storeu_ps(out + TR_LANES, _mm512_mul_ps(high, inverse));
+        for (int r = 0; r < QUERY_GROUP && i + r < tokens; ++r) {
+            float *out = ctx + ((size_t)b * tokens + i + r) * TR_HIDDEN + h * TR_HEAD_DIM;
+            const __m512 scale = _mm512_set1_ps(inverse[r]);
+            _mm512_storeu_ps(out, _mm512_mul_ps(low[r], scale));
+            _mm512_storeu_ps(out + TR_LANES, _mm512_mul_ps(high[r], scale));
+        }
     }
 }
