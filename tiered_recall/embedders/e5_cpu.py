@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..native_files import installed_file
-from .e5_weights import E5Weights, int8_columns
+from .e5_weights import E5Weights, EncoderUnavailable, int8_columns
 
 LIBRARY = "libtrcpuencoder.so"
 ABI_VERSION = 1
@@ -32,12 +32,8 @@ BATCH_TOKENS = 1024
 _ERROR_BYTES = 512
 
 
-class CpuEncoderUnavailable(InvalidInput):
+class CpuEncoderUnavailable(EncoderUnavailable):
     """libtrcpuencoder is not installed (installed False), or this CPU lacks its instructions (installed True)."""
-
-    def __init__(self, message: str, *, installed: bool) -> None:
-        super().__init__(message)
-        self.installed = installed
 
 
 @lru_cache(maxsize=1)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..native_files import installed_file
+from .e5_weights import EncoderUnavailable
 
 LIBRARY = "libtrencoder.so"
 QUERY_PATHS = ("auto", "fused", "graphs")  # how a GPU embeds one query (E5Embedder's gpu_queries)
@@ -22,12 +23,8 @@ POINTERS = len(GLOBAL_ORDER) + LAYERS * len(LAYER_ORDER)
 _ERROR_BYTES = 512
 
 
-class FusedEncoderUnavailable(InvalidInput):
+class FusedEncoderUnavailable(EncoderUnavailable):
     """libtrencoder is not installed (installed False), or cannot run on this GPU (installed True)."""
-
-    def __init__(self, message: str, *, installed: bool) -> None:
-        super().__init__(message)
-        self.installed = installed
 
 
 @lru_cache(maxsize=1)

@@ -88,6 +88,15 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
     return values * blocks["scale"].astype(np.float32)[..., None]
 
 
+class EncoderUnavailable(InvalidInput):
+    """An encoder library cannot serve: not installed (installed False), or installed but unable to run here
+    (installed True), so that a caller choosing among encoders can tell a build without it from a broken one."""
+
+    def __init__(self, message: str, *, installed: bool) -> None:
+        super().__init__(message)
+        self.installed = installed
+
+
 def int8_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(out, in) float32 -> (in, out) int8 and one scale per output column: symmetric, so zero is exact. The CPU
     encoders (onnxruntime's graph and libtrcpuencoder) both multiply by these."""

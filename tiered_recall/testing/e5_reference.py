@@ -31,6 +31,17 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
 
 
+def random_ids(weights, length: int, rng: np.random.Generator) -> list[int]:
+    """A text of `length` token ids as the model reads one: <s>, random pieces, </s>."""
+    return [weights.bos, *rng.integers(5, weights.vocabulary, size=length - 2).tolist(), weights.eos]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two vectors (any shape, flattened), in float64."""
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
 def model_as_written(weights, ids: list[int]) -> np.ndarray:
     """multilingual-e5-small's mean-pooled last hidden states in float64, each bias where the model has it."""
     x = weights.input_embeddings(np.array([ids])).astype(np.float64)[0]
