@@ -44,24 +44,8 @@ TR_VNNI static inline __m512 dequantized(__m512i sum, int32_t zero, float step, 
                            _mm512_loadu_ps(m->bias + column));
 }
 
-TR_VNNI void tr_multiply(const tr_matrix *m, const uint8_t *q, const float *scale, const int32_t *zero, int rows,
-                         float *out, int first_block, int blocks) {
-    const int in = m->in, width = m->out;
-    const size_t panel_bytes = (size_t)in * TR_LANES;
-    for (int c0 = first_block * TR_COLUMN_BLOCK; c0 < (first_block + blocks) * TR_COLUMN_BLOCK; c0 += TR_COLUMN_BLOCK) {
-        const int8_t *b0 = m->packed + (size_t)(c0 / TR_LANES) * panel_bytes, *b1 = b0 + panel_bytes,
-                     *b2 = b1 + panel_bytes;
-        const int blocked = rows / BLOCK_ROWS * BLOCK_ROWS;
-        for (int r0 = 0; r0 < blocked; r0 += BLOCK_ROWS) {
-            /* 24 named accumulators: compilers keep an array of them in memory, and the block would wait on it */
+/* 24 named accumulators: compilers keep an array of them in memory, and the block would wait on it */
 #define ROW_ACCUMULATORS(i) __m512i acc##i##_0 = _mm512_setzero_si512(), acc##i##_1 = acc##i##_0, acc##i##_2 = acc##i##_0;
-            ROW_ACCUMULATORS(0) ROW_ACCUMULATORS(1) ROW_ACCUMULATORS(2) ROW_ACCUMULATORS(3)
-            ROW_ACCUMULATORS(4) ROW_ACCUMULATORS(5) ROW_ACCUMULATORS(6) ROW_ACCUMULATORS(7)
-            const uint8_t *a = q + (size_t)r0 * in;
-            for (int k = 0; k < in; k += 4) {
-                const __m512i w0 = _mm512_load_si512(b0 + (size_t)k * TR_LANES),
-                              w1 = _mm512_load_si512(b1 + (size_t)k * TR_LANES),
-                              w2 = _mm512_load_si512(b2 + (size_t)k * TR_LANES);
 #define ROW_PRODUCTS(i)                                                                                                \
     {                                                                                                                  \
         int32_t four;                                                                                                  \
@@ -71,35 +55,47 @@ TR_VNNI void tr_multiply(const tr_matrix *m, const uint8_t *q, const float *scal
         acc##i##_1 = _mm512_dpbusd_epi32(acc##i##_1, x, w1);                                                           \
         acc##i##_2 = _mm512_dpbusd_epi32(acc##i##_2, x, w2);                                                           \
     }
-                ROW_PRODUCTS(0) ROW_PRODUCTS(1) ROW_PRODUCTS(2) ROW_PRODUCTS(3)
-                ROW_PRODUCTS(4) ROW_PRODUCTS(5) ROW_PRODUCTS(6) ROW_PRODUCTS(7)
-            }
-            const __m512i acc[BLOCK_ROWS][BLOCK_PANELS] = {
-                {acc0_0, acc0_1, acc0_2}, {acc1_0, acc1_1, acc1_2}, {acc2_0, acc2_1, acc2_2}, {acc3_0, acc3_1, acc3_2},
-                {acc4_0, acc4_1, acc4_2}, {acc5_0, acc5_1, acc5_2}, {acc6_0, acc6_1, acc6_2}, {acc7_0, acc7_1, acc7_2}};
-            /* the column constants are read here, not held across the loop: the loop needs 28 of the 32 registers */
-            for (int i = 0; i < BLOCK_ROWS; ++i)
-                for (int j = 0; j < BLOCK_PANELS; ++j)
-                    _mm512_storeu_ps(out + (size_t)(r0 + i) * width + c0 + j * TR_LANES,
-                                     dequantized(acc[i][j], zero[r0 + i], scale[r0 + i], m, c0 + j * TR_LANES));
+
+/* One register block: `count` rows (BLOCK_ROWS, or half of it for the last rows) from r0 by the column block at c0,
+ * whose three weight panels are b0. Always inlined with a constant count, so the rows it does not have vanish. */
+TR_VNNI static inline __attribute__((always_inline)) void row_block(const tr_matrix *m, const uint8_t *q,
+                                                                    const float *scale, const int32_t *zero,
+                                                                    float *out, int r0, int c0, const int8_t *b0,
+                                                                    const int count) {
+    const int in = m->in;
+    const size_t panel_bytes = (size_t)in * TR_LANES;
+    const int8_t *b1 = b0 + panel_bytes, *b2 = b1 + panel_bytes;
+    ROW_ACCUMULATORS(0) ROW_ACCUMULATORS(1) ROW_ACCUMULATORS(2) ROW_ACCUMULATORS(3)
+    ROW_ACCUMULATORS(4) ROW_ACCUMULATORS(5) ROW_ACCUMULATORS(6) ROW_ACCUMULATORS(7)
+    const uint8_t *a = q + (size_t)r0 * in;
+    for (int k = 0; k < in; k += 4) {
+        const __m512i w0 = _mm512_load_si512(b0 + (size_t)k * TR_LANES),
+                      w1 = _mm512_load_si512(b1 + (size_t)k * TR_LANES),
+                      w2 = _mm512_load_si512(b2 + (size_t)k * TR_LANES);
+        ROW_PRODUCTS(0) ROW_PRODUCTS(1) ROW_PRODUCTS(2) ROW_PRODUCTS(3)
+        if (count > 4) {
+            ROW_PRODUCTS(4) ROW_PRODUCTS(5) ROW_PRODUCTS(6) ROW_PRODUCTS(7)
         }
-        if (blocked < rows) { /* the last four rows (the caller pads rows to a multiple of four) */
-            const int r0 = blocked;
-            ROW_ACCUMULATORS(0) ROW_ACCUMULATORS(1) ROW_ACCUMULATORS(2) ROW_ACCUMULATORS(3)
-            const uint8_t *a = q + (size_t)r0 * in;
-            for (int k = 0; k < in; k += 4) {
-                const __m512i w0 = _mm512_load_si512(b0 + (size_t)k * TR_LANES),
-                              w1 = _mm512_load_si512(b1 + (size_t)k * TR_LANES),
-                              w2 = _mm512_load_si512(b2 + (size_t)k * TR_LANES);
-                ROW_PRODUCTS(0) ROW_PRODUCTS(1) ROW_PRODUCTS(2) ROW_PRODUCTS(3)
-            }
-            const __m512i acc[4][BLOCK_PANELS] = {
-                {acc0_0, acc0_1, acc0_2}, {acc1_0, acc1_1, acc1_2}, {acc2_0, acc2_1, acc2_2}, {acc3_0, acc3_1, acc3_2}};
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < BLOCK_PANELS; ++j)
-                    _mm512_storeu_ps(out + (size_t)(r0 + i) * width + c0 + j * TR_LANES,
-                                     dequantized(acc[i][j], zero[r0 + i], scale[r0 + i], m, c0 + j * TR_LANES));
-        }
+    }
+    const __m512i acc[BLOCK_ROWS][BLOCK_PANELS] = {
+        {acc0_0, acc0_1, acc0_2}, {acc1_0, acc1_1, acc1_2}, {acc2_0, acc2_1, acc2_2}, {acc3_0, acc3_1, acc3_2},
+        {acc4_0, acc4_1, acc4_2}, {acc5_0, acc5_1, acc5_2}, {acc6_0, acc6_1, acc6_2}, {acc7_0, acc7_1, acc7_2}};
+    /* the column constants are read here, not held across the loop: the loop needs 28 of the 32 registers */
+    for (int i = 0; i < count; ++i)
+        for (int j = 0; j < BLOCK_PANELS; ++j)
+            _mm512_storeu_ps(out + (size_t)(r0 + i) * m->out + c0 + j * TR_LANES,
+                             dequantized(acc[i][j], zero[r0 + i], scale[r0 + i], m, c0 + j * TR_LANES));
+}
+
+TR_VNNI void tr_multiply(const tr_matrix *m, const uint8_t *q, const float *scale, const int32_t *zero, int rows,
+                         float *out, int first_block, int blocks) {
+    const size_t panel_bytes = (size_t)m->in * TR_LANES;
+    const int blocked = rows / BLOCK_ROWS * BLOCK_ROWS;
+    for (int c0 = first_block * TR_COLUMN_BLOCK; c0 < (first_block + blocks) * TR_COLUMN_BLOCK; c0 += TR_COLUMN_BLOCK) {
+        const int8_t *panels = m->packed + (size_t)(c0 / TR_LANES) * panel_bytes;
+        for (int r0 = 0; r0 < blocked; r0 += BLOCK_ROWS) row_block(m, q, scale, zero, out, r0, c0, panels, BLOCK_ROWS);
+        if (blocked < rows) /* the last four rows (the caller pads rows to a multiple of four) */
+            row_block(m, q, scale, zero, out, blocked, c0, panels, BLOCK_ROWS / 2);
     }
 }
 
