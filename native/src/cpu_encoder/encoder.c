@@ -39,6 +39,10 @@ struct tr_cpu_encoder {
     float *emb_gamma, *emb_beta;
     layer layers[LAYERS];
     scratch_slot slots[SCRATCH_SLOTS];
+    const uint8_t *word_blocks; /* the caller's, read in place (tr_cpu_encoder_set_inputs) */
+    int64_t vocabulary;
+    float *positions, *token_type;
+    int position_count;
     atomic_int pool_busy; /* one call at a time shares its tasks with the helpers; another runs alone */
     tr_pool *pool;        /* made by the first call that asks for threads; its helpers are threads - 1 */
 };
@@ -54,13 +58,15 @@ API const char *tr_cpu_encoder_layout_json(void) {
     snprintf(json, sizeof json,
              "{\"TR_CPU_ENCODER_ABI_VERSION\": %d, \"TR_CPU_ENCODER_HIDDEN\": %d, \"TR_CPU_ENCODER_HEADS\": %d, "
              "\"TR_CPU_ENCODER_FFN\": %d, \"TR_CPU_ENCODER_LAYERS\": %d, \"TR_CPU_ENCODER_MAX_TOKENS\": %d, "
-             "\"TR_CPU_ENCODER_GLOBALS\": %d, \"TR_CPU_ENCODER_PER_LAYER\": %d, "
+             "\"TR_CPU_ENCODER_GLOBALS\": %d, \"TR_CPU_ENCODER_PER_LAYER\": %d, \"TR_CPU_ENCODER_Q4_BLOCK\": %d, "
+             "\"TR_CPU_ENCODER_Q4_BLOCK_BYTES\": %d, "
              "\"order\": [\"EMB_GAMMA\", \"EMB_BETA\"], "
              "\"layer_order\": [\"QKV\", \"QKV_SCALE\", \"QKV_BIAS\", \"AO\", \"AO_SCALE\", \"AO_BIAS\", \"ALN_GAMMA\", "
              "\"ALN_BETA\", \"FI\", \"FI_SCALE\", \"FI_BIAS\", \"FO\", \"FO_SCALE\", \"FO_BIAS\", \"OLN_GAMMA\", "
              "\"OLN_BETA\"]}",
              TR_CPU_ENCODER_ABI_VERSION, TR_HIDDEN, TR_HEADS, TR_FFN, LAYERS, TR_CPU_ENCODER_MAX_TOKENS,
-             (int)TR_CPU_ENCODER_GLOBALS, (int)TR_CPU_ENCODER_PER_LAYER);
+             (int)TR_CPU_ENCODER_GLOBALS, (int)TR_CPU_ENCODER_PER_LAYER, TR_CPU_ENCODER_Q4_BLOCK,
+             TR_CPU_ENCODER_Q4_BLOCK_BYTES);
     return json;
 }
 
@@ -119,7 +125,7 @@ static void free_matrix(tr_matrix *m) {
 API void tr_cpu_encoder_destroy(tr_cpu_encoder *encoder) {
     if (!encoder) return;
     tr_pool_destroy(encoder->pool);
-    free(encoder->emb_gamma), free(encoder->emb_beta);
+    free(encoder->emb_gamma), free(encoder->emb_beta), free(encoder->positions), free(encoder->token_type);
     for (int l = 0; l < LAYERS; ++l) {
         layer *ly = &encoder->layers[l];
         free_matrix(&ly->qkv), free_matrix(&ly->ao), free_matrix(&ly->fi), free_matrix(&ly->fo);
@@ -287,10 +293,12 @@ static void release_pool(tr_cpu_encoder *encoder, tr_pool *pool) {
     if (pool) atomic_store(&encoder->pool_busy, 0);
 }
 
-API int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, const int32_t *mask, int batch,
-                           int tokens, int threads, float *summed, char *error, int error_bytes) {
-    if (!encoder || !embeddings || !mask || !summed) {
-        say(error, error_bytes, "the encoder, embeddings, mask and output must not be null");
+/* The checks both calls share: 0 when the call may run, else -1 with why in error. */
+static int check_call(const tr_cpu_encoder *encoder, const void *input, const int32_t *mask, int batch, int tokens,
+                      int threads, const float *summed, const char *input_name, char *error, int error_bytes) {
+    if (!encoder || !input || !mask || !summed) {
+        if (error && error_bytes > 0)
+            snprintf(error, (size_t)error_bytes, "the encoder, %s, mask and output must not be null", input_name);
         return -1;
     }
     if (batch < 1 || tokens < 1 || tokens > TR_CPU_ENCODER_MAX_TOKENS || (size_t)batch * tokens > (1u << 24) ||
@@ -321,6 +329,12 @@ API int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, con
             return -1;
         }
     }
+    return 0;
+}
+
+/* A call that passed check_call: 0, or -1 when out of memory. */
+static int run_checked(tr_cpu_encoder *encoder, const float *embeddings, const int32_t *mask, int batch, int tokens,
+                       int threads, float *summed, char *error, int error_bytes) {
     const int rows = (batch * tokens + TR_ROW_STEP - 1) / TR_ROW_STEP * TR_ROW_STEP;
     buffers m;
     const size_t bytes = lay_out(&m, NULL, rows, tokens);
@@ -348,4 +362,102 @@ API int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, con
     else
         free(memory);
     return 0;
+}
+
+API int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, const int32_t *mask, int batch,
+                           int tokens, int threads, float *summed, char *error, int error_bytes) {
+    if (check_call(encoder, embeddings, mask, batch, tokens, threads, summed, "embeddings", error, error_bytes))
+        return -1;
+    return run_checked(encoder, embeddings, mask, batch, tokens, threads, summed, error, error_bytes);
+}
+
+API int tr_cpu_encoder_set_inputs(tr_cpu_encoder *encoder, const void *word_blocks, int64_t vocabulary,
+                                  const float *positions, int position_count, const float *token_type, char *error,
+                                  int error_bytes) {
+    if (!encoder || !word_blocks || !positions || !token_type) {
+        say(error, error_bytes, "the encoder, word blocks, positions and token type must not be null");
+        return -1;
+    }
+    if (vocabulary < 1 || position_count < 1 || position_count > TR_CPU_ENCODER_MAX_TOKENS + 2) {
+        if (error && error_bytes > 0)
+            snprintf(error, (size_t)error_bytes, "the vocabulary must be positive and the positions 1 to %d (got %lld, %d)",
+                     TR_CPU_ENCODER_MAX_TOKENS + 2, (long long)vocabulary, position_count);
+        return -1;
+    }
+    float *copied_positions = copy_floats(positions, position_count * TR_HIDDEN);
+    float *copied_type = copy_floats(token_type, TR_HIDDEN);
+    if (!copied_positions || !copied_type) {
+        free(copied_positions), free(copied_type);
+        say(error, error_bytes, "out of memory");
+        return -1;
+    }
+    free(encoder->positions), free(encoder->token_type);
+    encoder->word_blocks = word_blocks, encoder->vocabulary = vocabulary;
+    encoder->positions = copied_positions, encoder->token_type = copied_type, encoder->position_count = position_count;
+    return 0;
+}
+
+/* An IEEE half as float, exactly (every half is a float). */
+static float half_to_float(uint16_t half) {
+    const uint32_t sign = (uint32_t)(half & 0x8000u) << 16, exponent = (half >> 10) & 0x1Fu, mantissa = half & 0x3FFu;
+    uint32_t bits;
+    if (exponent == 0) {
+        const float magnitude = ldexpf((float)mantissa, -24);
+        return sign ? -magnitude : magnitude;
+    }
+    bits = exponent == 31 ? sign | 0x7F800000u | mantissa << 13 : sign | (exponent + 112) << 23 | mantissa << 13;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* One token's input: its word vector dequantized, plus its position's vector, plus the token-type vector. */
+static void token_input(const tr_cpu_encoder *encoder, int64_t id, int position, float *out) {
+    enum { BLOCKS = TR_HIDDEN / TR_CPU_ENCODER_Q4_BLOCK, HALF = TR_CPU_ENCODER_Q4_BLOCK / 2 };
+    const uint8_t *block = encoder->word_blocks + (size_t)id * BLOCKS * TR_CPU_ENCODER_Q4_BLOCK_BYTES;
+    for (int b = 0; b < BLOCKS; ++b, block += TR_CPU_ENCODER_Q4_BLOCK_BYTES) {
+        const float scale = half_to_float((uint16_t)(block[0] | block[1] << 8));
+        float *values = out + b * TR_CPU_ENCODER_Q4_BLOCK;
+        for (int i = 0; i < HALF; ++i) {
+            values[i] = ((float)(block[2 + i] & 0x0F) - 8.0f) * scale;
+            values[HALF + i] = ((float)(block[2 + i] >> 4) - 8.0f) * scale;
+        }
+    }
+    const float *position_vector = encoder->positions + (size_t)position * TR_HIDDEN;
+    for (int c = 0; c < TR_HIDDEN; ++c) out[c] += position_vector[c];
+    for (int c = 0; c < TR_HIDDEN; ++c) out[c] += encoder->token_type[c];
+}
+
+API int tr_cpu_encoder_run_ids(tr_cpu_encoder *encoder, const int64_t *ids, const int32_t *mask, int batch, int tokens,
+                               int threads, float *summed, char *error, int error_bytes) {
+    if (check_call(encoder, ids, mask, batch, tokens, threads, summed, "ids", error, error_bytes)) return -1;
+    if (!encoder->word_blocks) {
+        say(error, error_bytes, "the encoder has no token tables: call tr_cpu_encoder_set_inputs first");
+        return -1;
+    }
+    if (tokens > encoder->position_count) {
+        if (error && error_bytes > 0)
+            snprintf(error, (size_t)error_bytes, "%d tokens a text, past the model's %d positions", tokens,
+                     encoder->position_count);
+        return -1;
+    }
+    for (size_t i = 0; i < (size_t)batch * tokens; ++i) {
+        if (ids[i] < 0 || ids[i] >= encoder->vocabulary) {
+            if (error && error_bytes > 0)
+                snprintf(error, (size_t)error_bytes, "token id %lld (text %zu, position %zu) is outside the vocabulary "
+                         "(0 to %lld)", (long long)ids[i], i / (size_t)tokens, i % (size_t)tokens,
+                         (long long)encoder->vocabulary - 1);
+            return -1;
+        }
+    }
+    float *embeddings = aligned((size_t)batch * tokens * TR_HIDDEN * sizeof(float));
+    if (!embeddings) {
+        say(error, error_bytes, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < (size_t)batch * tokens; ++i)
+        token_input(encoder, ids[i], (int)(i % (size_t)tokens), embeddings + i * TR_HIDDEN);
+    const int rc = run_checked(encoder, embeddings, mask, batch, tokens, threads, summed, error, error_bytes);
+    free(embeddings);
+    return rc;
 }
