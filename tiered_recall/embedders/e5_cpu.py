@@ -1,5 +1,5 @@
-"""Runs the E5 encoder on the CPU through libtrcpuencoder (native/src/cpu_encoder.c): int8 matrix products with
-AVX-512 VNNI on the weights onnxruntime's graph multiplies by. The constants mirror
+"""Runs the E5 encoder on the CPU through libtrcpuencoder (native/src/cpu_encoder/), token ids in: int8 matrix
+products with AVX-512 VNNI on the weights onnxruntime's graph multiplies by. The constants mirror
 native/include/tiered_recall/cpu_encoder.h (tests/native/test_cpu_encoder.py checks them against the library)."""
 from __future__ import annotations
 
