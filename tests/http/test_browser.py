@@ -46,9 +46,13 @@ def browser():
 
 
 def _wait(driver, condition, what: str, timeout: float = 20):
+    """Until condition(driver) is true. The page redraws what it polls (the stats and their chart): a condition that
+    meets an element replaced since it was found is tried again at the next poll, not failed."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: condition(d), message=what)
+    return WebDriverWait(driver, timeout, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,)
+                         ).until(lambda d: condition(d), message=what)
 
 
 def test_the_page_adds_lists_searches_deletes_and_charts(browser, text_store, serve, tmp_path):
