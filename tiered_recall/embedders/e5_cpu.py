@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..native_files import installed_file
-from .e5_weights import Q4_BLOCK, Q4_DTYPE, E5Weights, EncoderUnavailable, int8_columns
+from .e5_weights import E5Weights, EncoderUnavailable, int8_columns
 
 LIBRARY = "libtrcpuencoder.so"
 ABI_VERSION = 2
@@ -137,10 +137,8 @@ class CpuEncoder:
         self._words = weights.q4_blocks("emb.word", weights.vocabulary)
         positions = np.ascontiguousarray(weights.f32("emb.pos"), dtype=np.float32)
         token_type = np.ascontiguousarray(weights.f32("emb.type")[:HIDDEN], dtype=np.float32)
-        if self._words.dtype != Q4_DTYPE or self._words.shape[1] * Q4_BLOCK != HIDDEN or \
-                lib.tr_cpu_encoder_set_inputs(handle, self._words.ctypes.data, weights.vocabulary,
-                                              positions.ctypes.data, positions.size // HIDDEN, token_type.ctypes.data,
-                                              error, _ERROR_BYTES) != 0:
+        if lib.tr_cpu_encoder_set_inputs(handle, self._words.ctypes.data, weights.vocabulary, positions.ctypes.data,
+                                         positions.size // HIDDEN, token_type.ctypes.data, error, _ERROR_BYTES) != 0:
             lib.tr_cpu_encoder_destroy(handle)
             self._handle = None
             raise CpuEncoderUnavailable(f"libtrcpuencoder refused the token tables: {error.value.decode()}; pass "

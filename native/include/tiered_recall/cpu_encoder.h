@@ -75,7 +75,7 @@ int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, const i
 /* The tables that turn token ids into the encoder's input, for tr_cpu_encoder_run_ids: the word vectors
  * (vocabulary rows of Q4_0 blocks, above), read in place, so the caller keeps them alive and unchanged while the
  * encoder is used; the position vectors (positions, hidden) float32 and the token-type vector (hidden) float32,
- * copied. 0 on success, else -1 with why in error. */
+ * copied (the first TR_CPU_ENCODER_MAX_TOKENS positions at most). 0 on success, else -1 with why in error. */
 int tr_cpu_encoder_set_inputs(tr_cpu_encoder *encoder, const void *word_blocks, int64_t vocabulary,
                               const float *positions, int position_count, const float *token_type, char *error,
                               int error_bytes);

@@ -332,71 +332,6 @@ static int check_call(const tr_cpu_encoder *encoder, const void *input, const in
     return 0;
 }
 
-/* A call that passed check_call: 0, or -1 when out of memory. */
-static int run_checked(tr_cpu_encoder *encoder, const float *embeddings, const int32_t *mask, int batch, int tokens,
-                       int threads, float *summed, char *error, int error_bytes) {
-    const int rows = (batch * tokens + TR_ROW_STEP - 1) / TR_ROW_STEP * TR_ROW_STEP;
-    buffers m;
-    const size_t bytes = lay_out(&m, NULL, rows, tokens);
-    scratch_slot *slot = NULL;
-    for (int s = 0; s < SCRATCH_SLOTS && !slot; ++s)
-        if (!atomic_exchange(&encoder->slots[s].busy, 1)) slot = &encoder->slots[s];
-    unsigned char *memory;
-    if (slot && slot->bytes >= bytes) {
-        memory = slot->memory;
-    } else {
-        memory = aligned(bytes);
-        if (!memory) {
-            if (slot) atomic_store(&slot->busy, 0);
-            say(error, error_bytes, "out of memory");
-            return -1;
-        }
-        if (slot) free(slot->memory), slot->memory = memory, slot->bytes = bytes;
-    }
-    lay_out(&m, memory, rows, tokens);
-    tr_pool *pool = claim_pool(encoder, threads);
-    encode(encoder, pool, embeddings, mask, batch, tokens, rows, &m, summed);
-    release_pool(encoder, pool);
-    if (slot)
-        atomic_store(&slot->busy, 0);
-    else
-        free(memory);
-    return 0;
-}
-
-API int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, const int32_t *mask, int batch,
-                           int tokens, int threads, float *summed, char *error, int error_bytes) {
-    if (check_call(encoder, embeddings, mask, batch, tokens, threads, summed, "embeddings", error, error_bytes))
-        return -1;
-    return run_checked(encoder, embeddings, mask, batch, tokens, threads, summed, error, error_bytes);
-}
-
-API int tr_cpu_encoder_set_inputs(tr_cpu_encoder *encoder, const void *word_blocks, int64_t vocabulary,
-                                  const float *positions, int position_count, const float *token_type, char *error,
-                                  int error_bytes) {
-    if (!encoder || !word_blocks || !positions || !token_type) {
-        say(error, error_bytes, "the encoder, word blocks, positions and token type must not be null");
-        return -1;
-    }
-    if (vocabulary < 1 || position_count < 1 || position_count > TR_CPU_ENCODER_MAX_TOKENS + 2) {
-        if (error && error_bytes > 0)
-            snprintf(error, (size_t)error_bytes, "the vocabulary must be positive and the positions 1 to %d (got %lld, %d)",
-                     TR_CPU_ENCODER_MAX_TOKENS + 2, (long long)vocabulary, position_count);
-        return -1;
-    }
-    float *copied_positions = copy_floats(positions, position_count * TR_HIDDEN);
-    float *copied_type = copy_floats(token_type, TR_HIDDEN);
-    if (!copied_positions || !copied_type) {
-        free(copied_positions), free(copied_type);
-        say(error, error_bytes, "out of memory");
-        return -1;
-    }
-    free(encoder->positions), free(encoder->token_type);
-    encoder->word_blocks = word_blocks, encoder->vocabulary = vocabulary;
-    encoder->positions = copied_positions, encoder->token_type = copied_type, encoder->position_count = position_count;
-    return 0;
-}
-
 /* An IEEE half as float, exactly (every half is a float). */
 static float half_to_float(uint16_t half) {
     const uint32_t sign = (uint32_t)(half & 0x8000u) << 16, exponent = (half >> 10) & 0x1Fu, mantissa = half & 0x3FFu;
@@ -428,6 +363,80 @@ static void token_input(const tr_cpu_encoder *encoder, int64_t id, int position,
     for (int c = 0; c < TR_HIDDEN; ++c) out[c] += encoder->token_type[c];
 }
 
+/* A call that passed check_call: 0, or -1 when out of memory. Its input is `embeddings`, or, where that is NULL, made
+ * from `ids` in the scratch's projection rows, which the first layer only writes after the embedding norm has read
+ * them. */
+static int run_checked(tr_cpu_encoder *encoder, const float *embeddings, const int64_t *ids, const int32_t *mask,
+                       int batch, int tokens, int threads, float *summed, char *error, int error_bytes) {
+    const int rows = (batch * tokens + TR_ROW_STEP - 1) / TR_ROW_STEP * TR_ROW_STEP;
+    buffers m;
+    const size_t bytes = lay_out(&m, NULL, rows, tokens);
+    scratch_slot *slot = NULL;
+    for (int s = 0; s < SCRATCH_SLOTS && !slot; ++s)
+        if (!atomic_exchange(&encoder->slots[s].busy, 1)) slot = &encoder->slots[s];
+    unsigned char *memory;
+    if (slot && slot->bytes >= bytes) {
+        memory = slot->memory;
+    } else {
+        memory = aligned(bytes);
+        if (!memory) {
+            if (slot) atomic_store(&slot->busy, 0);
+            say(error, error_bytes, "out of memory");
+            return -1;
+        }
+        if (slot) free(slot->memory), slot->memory = memory, slot->bytes = bytes;
+    }
+    lay_out(&m, memory, rows, tokens);
+    if (!embeddings) {
+        for (size_t i = 0; i < (size_t)batch * tokens; ++i)
+            token_input(encoder, ids[i], (int)(i % (size_t)tokens), m.projected + i * TR_HIDDEN);
+        embeddings = m.projected;
+    }
+    tr_pool *pool = claim_pool(encoder, threads);
+    encode(encoder, pool, embeddings, mask, batch, tokens, rows, &m, summed);
+    release_pool(encoder, pool);
+    if (slot)
+        atomic_store(&slot->busy, 0);
+    else
+        free(memory);
+    return 0;
+}
+
+API int tr_cpu_encoder_run(tr_cpu_encoder *encoder, const float *embeddings, const int32_t *mask, int batch,
+                           int tokens, int threads, float *summed, char *error, int error_bytes) {
+    if (check_call(encoder, embeddings, mask, batch, tokens, threads, summed, "embeddings", error, error_bytes))
+        return -1;
+    return run_checked(encoder, embeddings, NULL, mask, batch, tokens, threads, summed, error, error_bytes);
+}
+
+API int tr_cpu_encoder_set_inputs(tr_cpu_encoder *encoder, const void *word_blocks, int64_t vocabulary,
+                                  const float *positions, int position_count, const float *token_type, char *error,
+                                  int error_bytes) {
+    if (!encoder || !word_blocks || !positions || !token_type) {
+        say(error, error_bytes, "the encoder, word blocks, positions and token type must not be null");
+        return -1;
+    }
+    if (vocabulary < 1 || position_count < 1) {
+        if (error && error_bytes > 0)
+            snprintf(error, (size_t)error_bytes, "the vocabulary and the positions must be positive (got %lld, %d)",
+                     (long long)vocabulary, position_count);
+        return -1;
+    }
+    /* a text has at most TR_CPU_ENCODER_MAX_TOKENS tokens: positions past them are never read */
+    if (position_count > TR_CPU_ENCODER_MAX_TOKENS) position_count = TR_CPU_ENCODER_MAX_TOKENS;
+    float *copied_positions = copy_floats(positions, position_count * TR_HIDDEN);
+    float *copied_type = copy_floats(token_type, TR_HIDDEN);
+    if (!copied_positions || !copied_type) {
+        free(copied_positions), free(copied_type);
+        say(error, error_bytes, "out of memory");
+        return -1;
+    }
+    free(encoder->positions), free(encoder->token_type);
+    encoder->word_blocks = word_blocks, encoder->vocabulary = vocabulary;
+    encoder->positions = copied_positions, encoder->token_type = copied_type, encoder->position_count = position_count;
+    return 0;
+}
+
 API int tr_cpu_encoder_run_ids(tr_cpu_encoder *encoder, const int64_t *ids, const int32_t *mask, int batch, int tokens,
                                int threads, float *summed, char *error, int error_bytes) {
     if (check_call(encoder, ids, mask, batch, tokens, threads, summed, "ids", error, error_bytes)) return -1;
@@ -450,14 +459,5 @@ API int tr_cpu_encoder_run_ids(tr_cpu_encoder *encoder, const int64_t *ids, cons
             return -1;
         }
     }
-    float *embeddings = aligned((size_t)batch * tokens * TR_HIDDEN * sizeof(float));
-    if (!embeddings) {
-        say(error, error_bytes, "out of memory");
-        return -1;
-    }
-    for (size_t i = 0; i < (size_t)batch * tokens; ++i)
-        token_input(encoder, ids[i], (int)(i % (size_t)tokens), embeddings + i * TR_HIDDEN);
-    const int rc = run_checked(encoder, embeddings, mask, batch, tokens, threads, summed, error, error_bytes);
-    free(embeddings);
-    return rc;
+    return run_checked(encoder, NULL, ids, mask, batch, tokens, threads, summed, error, error_bytes);
 }
