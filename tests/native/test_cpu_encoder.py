@@ -144,16 +144,17 @@ def test_bad_calls_are_refused_with_what_is_wrong(lib, encoder) -> None:
                                      e5_cpu.POINTERS, 1e-12, error, 256)
     assert made
     try:
-        ids = np.zeros((1, 4), dtype=np.int64)
-        assert lib.tr_cpu_encoder_run_ids(made, ids.ctypes.data, np.ones((1, 4), np.int32).ctypes.data, 1, 4, 1,
-                                          out.ctypes.data, error, 256) == -1
+        # the arrays are named: a pointer taken from a temporary would outlive the array it points into
+        ids, ids_mask = np.zeros((1, 4), dtype=np.int64), np.ones((1, 4), dtype=np.int32)
+        long_ids, long_mask = np.zeros((1, 5), dtype=np.int64), np.ones((1, 5), dtype=np.int32)
+        assert lib.tr_cpu_encoder_run_ids(made, ids.ctypes.data, ids_mask.ctypes.data, 1, 4, 1, out.ctypes.data, error,
+                                          256) == -1
         assert "no token tables: call tr_cpu_encoder_set_inputs first" in error.value.decode()
         positions = np.zeros((4, e5_cpu.HIDDEN), dtype=np.float32)
         assert lib.tr_cpu_encoder_set_inputs(made, encoder._words.ctypes.data, vocabulary, positions.ctypes.data, 4,
                                              positions.ctypes.data, error, 256) == 0
-        assert lib.tr_cpu_encoder_run_ids(made, np.zeros((1, 5), np.int64).ctypes.data,
-                                          np.ones((1, 5), np.int32).ctypes.data, 1, 5, 1, out.ctypes.data, error,
-                                          256) == -1
+        assert lib.tr_cpu_encoder_run_ids(made, long_ids.ctypes.data, long_mask.ctypes.data, 1, 5, 1, out.ctypes.data,
+                                          error, 256) == -1
         assert "5 tokens a text, past the model's 4 positions" in error.value.decode()
         assert lib.tr_cpu_encoder_set_inputs(made, None, vocabulary, positions.ctypes.data, 4, positions.ctypes.data,
                                              error, 256) == -1
